@@ -1,0 +1,115 @@
+// Package verbs is mrfs's view of RDMA verbs: access flags, the objects
+// mrfs uses (device, protection domain, memory region) as interfaces, and
+// errors that carry the errno a real libibverbs call would set.
+//
+// Two packages implement it: verbs/soft, a pure-Go model that follows the
+// kernel's rules, and verbs/ibv, libibverbs through cgo (build tag rdma).
+// Both must pass the suite in verbs/verbstest.
+package verbs
+
+import (
+	"errors"
+	"syscall"
+)
+
+// Provider enumerates and opens the devices of one backend.
+type Provider interface {
+	// Name is the backend's name in the config: "soft" or "rdma".
+	Name() string
+	// Devices lists the devices this backend can open.
+	Devices() ([]DeviceInfo, error)
+	// Open opens a device by name; "" opens the first one.
+	Open(name string) (Device, error)
+}
+
+// DeviceInfo describes a device before it is opened.
+type DeviceInfo struct {
+	Name string
+	Attr DeviceAttr
+}
+
+// DeviceAttr holds the limits of a device, as ibv_query_device reports them.
+type DeviceAttr struct {
+	MaxMR       int    // memory regions the device can hold
+	MaxMRSize   uint64 // largest region in bytes
+	PageSizeCap uint64 // bitmask of supported page sizes
+	MaxPD       int    // protection domains the device can hold
+	// Access is every flag the device accepts in reg_mr; registering with
+	// another fails with EOPNOTSUPP.
+	Access Access
+	// Rereg reports whether MR.Rereg is implemented. When false it always
+	// fails with EOPNOTSUPP (rxe) and callers register anew instead.
+	Rereg bool
+}
+
+// Device is an open device (ibv_context).
+type Device interface {
+	Name() string
+	Attr() DeviceAttr
+	// AllocPD allocates a protection domain.
+	AllocPD() (PD, error)
+	// Close closes the device. Like ibv_close_device it does not free
+	// child objects: deregister and deallocate them first.
+	Close() error
+}
+
+// PD is a protection domain (ibv_pd).
+type PD interface {
+	// Handle is the PD's number on its device.
+	Handle() uint32
+	// RegMR registers [addr, addr+length) with iova == addr. The memory
+	// must be mapped by the caller (mmap, never the Go heap) and stay
+	// mapped until Dereg.
+	RegMR(addr uintptr, length uint64, access Access) (MR, error)
+	// Dealloc frees the PD; EBUSY while it holds regions.
+	Dealloc() error
+}
+
+// ReregFlags say what MR.Rereg changes (IBV_REREG_MR_CHANGE_*).
+type ReregFlags uint32
+
+// The flags of ibv_rereg_mr.
+const (
+	ReregTranslation ReregFlags = 1 << 0
+	ReregPD          ReregFlags = 1 << 1
+	ReregAccess      ReregFlags = 1 << 2
+)
+
+// ReregArgs are the new values for MR.Rereg; only those named by Flags
+// are used.
+type ReregArgs struct {
+	Flags  ReregFlags
+	PD     PD
+	Addr   uintptr
+	Length uint64
+	Access Access
+}
+
+// MR is a registered memory region (ibv_mr).
+type MR interface {
+	LKey() uint32
+	RKey() uint32
+	// Addr is the registered virtual address; IOVA is the address a
+	// remote peer targets. They are equal for RegMR.
+	Addr() uintptr
+	IOVA() uint64
+	Length() uint64
+	Access() Access
+	PD() PD
+	// Rereg changes the region in place. Keys may change: read them again
+	// after success. An error wrapping EOPNOTSUPP from a device without
+	// rereg leaves the region as it was; after any other error the region
+	// must not be used, only deregistered (ibv_rereg_mr's ERR_CMD).
+	Rereg(args ReregArgs) error
+	// Dereg deregisters the region; EINVAL if it is already gone.
+	Dereg() error
+}
+
+// Errno returns the errno an error from this package carries, or 0.
+func Errno(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return 0
+}
