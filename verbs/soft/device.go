@@ -1,0 +1,187 @@
+package soft
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+
+	"mrfs/verbs"
+)
+
+// device is the state rxe keeps per ib_device: the MR index pool and the
+// PD numbering, shared by every context opened on it.
+type device struct {
+	name    string           // immutable
+	attr    verbs.DeviceAttr // immutable
+	noRereg bool             // immutable
+
+	// guards: every field below, every context's closed and pds, every
+	// pd's dead and mrs, and every mr's mutable fields. Taken before
+	// pins.mu.
+	mu      sync.Mutex
+	mrs     map[uint32]*mr // by index: live regions and ones being registered
+	lastIdx uint32         // last index handed out; the next search starts after it
+	pds     map[uint32]*pd // allocated PDs by handle
+	lastPD  uint32
+}
+
+func newDevice(opt Options) *device {
+	return &device{
+		name:    opt.DeviceName,
+		noRereg: opt.NoRereg,
+		attr: verbs.DeviceAttr{
+			MaxMR:       opt.MaxMR,
+			MaxMRSize:   ^uint64(0),
+			PageSizeCap: 0xFFFFF000,
+			MaxPD:       rxeMaxPD,
+			Access:      deviceAccess,
+			Rereg:       !opt.NoRereg,
+		},
+		mrs: map[uint32]*mr{},
+		pds: map[uint32]*pd{},
+	}
+}
+
+// allocIndex finds the next free MR index after the last one handed out,
+// cyclically over [1, MaxMR], as xa_alloc_cyclic does. When the pool is
+// full and a region is being replaced (rereg), that region's index is
+// reused. Called with d.mu held.
+func (d *device) allocIndex(replacing *mr) (idx uint32, reused, ok bool) {
+	max := uint32(d.attr.MaxMR)
+	if len(d.mrs) >= int(max) {
+		if replacing != nil {
+			return replacing.idx, true, true
+		}
+		return 0, false, false
+	}
+	for range max {
+		d.lastIdx++
+		if d.lastIdx > max {
+			d.lastIdx = 1
+		}
+		if _, used := d.mrs[d.lastIdx]; !used {
+			return d.lastIdx, false, true
+		}
+	}
+	return 0, false, false // unreachable: len(d.mrs) < max
+}
+
+// newKey is rxe's key: the index above a random byte. avoid is a key the
+// result must differ from (rereg that reuses its index), or 0.
+func newKey(idx, avoid uint32) uint32 {
+	for {
+		k := idx<<8 | uint32(rand.N(256))
+		if k != avoid {
+			return k
+		}
+	}
+}
+
+// context is an open device (ibv_context).
+type context struct {
+	dev *device // immutable
+	// guarded by dev.mu
+	closed bool
+	pds    map[*pd]struct{}
+}
+
+func (c *context) Name() string           { return c.dev.name }
+func (c *context) Attr() verbs.DeviceAttr { return c.dev.attr }
+
+// AllocPD numbers PDs from 1 per device; a full pool (max_pd) is EINVAL,
+// as rxe's pool answers.
+func (c *context) AllocPD() (verbs.PD, error) {
+	d := c.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("alloc_pd on %s: device closed: %w", d.name, syscall.ENODEV)
+	}
+	if len(d.pds) >= d.attr.MaxPD {
+		return nil, fmt.Errorf("alloc_pd on %s: all %d protection domains in use (max_pd): %w", d.name, d.attr.MaxPD, syscall.EINVAL)
+	}
+	for {
+		d.lastPD++
+		if d.lastPD == 0 {
+			d.lastPD = 1
+		}
+		if _, used := d.pds[d.lastPD]; !used {
+			break
+		}
+	}
+	p := &pd{ctx: c, handle: d.lastPD, mrs: map[*mr]struct{}{}}
+	d.pds[p.handle] = p
+	c.pds[p] = struct{}{}
+	return p, nil
+}
+
+// Close closes the context even while it holds PDs and regions: like
+// ibv_close_device it frees no child objects, which stay as Go values
+// whose every call then fails with ENODEV. What the kernel releases when
+// the device file is closed is released here too: the regions' indices
+// and pinned pages, and the PDs' numbers. Close twice is ENODEV.
+func (c *context) Close() error {
+	d := c.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("close %s: already closed: %w", d.name, syscall.ENODEV)
+	}
+	c.closed = true
+	for p := range c.pds {
+		for m := range p.mrs {
+			if m.state == mrLive {
+				// A region still registering finishes its own cleanup
+				// when it sees the context closed.
+				m.state = mrDead
+				delete(d.mrs, m.idx)
+				delete(p.mrs, m)
+				unpin(m.pin)
+			}
+		}
+		p.dead = true
+		delete(d.pds, p.handle)
+	}
+	c.pds = nil
+	return nil
+}
+
+// pd is a protection domain.
+type pd struct {
+	ctx    *context // immutable
+	handle uint32   // immutable
+	// guarded by ctx.dev.mu
+	dead bool
+	mrs  map[*mr]struct{} // regions that count against the PD (usecnt)
+}
+
+func (p *pd) Handle() uint32 { return p.handle }
+
+// Dealloc frees the PD: EBUSY while it holds regions (the kernel's
+// usecnt check), EINVAL once it is gone.
+func (p *pd) Dealloc() error {
+	d := p.ctx.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case p.ctx.closed:
+		return fmt.Errorf("dealloc_pd %d: device closed: %w", p.handle, syscall.ENODEV)
+	case p.dead:
+		return fmt.Errorf("dealloc_pd %d: already deallocated: %w", p.handle, syscall.EINVAL)
+	case len(p.mrs) > 0:
+		return fmt.Errorf("dealloc_pd %d: it still holds %d memory regions: %w", p.handle, len(p.mrs), syscall.EBUSY)
+	}
+	p.dead = true
+	delete(d.pds, p.handle)
+	delete(p.ctx.pds, p)
+	return nil
+}
+
+func (p *pd) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.MR, error) {
+	m, err := p.ctx.dev.register(p, addr, length, access, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reg_mr %s in pd %d: %w", sizeString(length), p.handle, err)
+	}
+	return m, nil
+}

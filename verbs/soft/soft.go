@@ -1,0 +1,74 @@
+// Package soft is mrfs's pure-Go verbs backend: a model of Soft-RoCE (rxe)
+// on Linux that needs no NIC. It is not a stub. It validates reg_mr in the
+// kernel's order with the kernel's errnos, pins pages with mlock and
+// accounts them against RLIMIT_MEMLOCK (unless CAP_IPC_LOCK) the way
+// ib_umem_get accounts pinned_vm, hands out keys like rxe
+// (index<<8 | random byte, lkey == rkey, index cyclic from 1), enforces
+// max_mr and max_pd, and refuses to deallocate a PD that still holds
+// regions. shared/reference/verbs-semantics.md lists the rules and their
+// sources.
+//
+// Locking: each device has one mutex (device.mu) for its PDs, regions and
+// index pool; pinning has one process-wide mutex (pins.mu). Lock order is
+// device.mu, then pins.mu. mlock of a large region runs without device.mu.
+package soft
+
+import (
+	"fmt"
+	"syscall"
+
+	"mrfs/verbs"
+)
+
+// Options configure the soft device.
+type Options struct {
+	DeviceName string // "" -> "soft0"
+	MaxMR      int    // 0 -> 524287 (rxe's max_mr); capped at 1<<24-1, the keys' index range
+	// NoRereg makes MR.Rereg fail with EOPNOTSUPP and change nothing, as
+	// the rxe provider of rdma-core does.
+	NoRereg bool
+}
+
+// Limits of rxe (rxe_param.h) that the model copies.
+const (
+	rxeMaxMR = 1<<19 - 1
+	rxeMaxPD = 1 << 20
+	// maxIndex keeps index<<8 inside a 32-bit key.
+	maxIndex = 1<<24 - 1
+)
+
+// deviceAccess is what rxe accepts in reg_mr: ZERO_BASED and ON_DEMAND
+// (without ODP) are refused with EOPNOTSUPP.
+const deviceAccess = verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead |
+	verbs.RemoteAtomic | verbs.MWBind | verbs.RelaxedOrdering
+
+// New returns a provider with one soft device.
+func New(opt Options) verbs.Provider {
+	if opt.DeviceName == "" {
+		opt.DeviceName = "soft0"
+	}
+	if opt.MaxMR <= 0 {
+		opt.MaxMR = rxeMaxMR
+	}
+	opt.MaxMR = min(opt.MaxMR, maxIndex)
+	return &provider{dev: newDevice(opt)}
+}
+
+type provider struct {
+	dev *device // immutable after New
+}
+
+func (p *provider) Name() string { return "soft" }
+
+func (p *provider) Devices() ([]verbs.DeviceInfo, error) {
+	return []verbs.DeviceInfo{{Name: p.dev.name, Attr: p.dev.attr}}, nil
+}
+
+// Open returns a new context on the device. Contexts share the device's
+// index pool and PD numbering, as contexts of one rxe device do.
+func (p *provider) Open(name string) (verbs.Device, error) {
+	if name != "" && name != p.dev.name {
+		return nil, fmt.Errorf("open device %q: soft has only %q: %w", name, p.dev.name, syscall.ENODEV)
+	}
+	return &context{dev: p.dev, pds: map[*pd]struct{}{}}, nil
+}
