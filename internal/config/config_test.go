@@ -1,0 +1,310 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"mrfs/verbs"
+)
+
+func mustParse(t *testing.T, s string) Config {
+	t.Helper()
+	c, err := Parse([]byte(s))
+	if err != nil {
+		t.Fatalf("Parse(%q): %v", s, err)
+	}
+	return c
+}
+
+// parseErr parses s, requires a config error, and returns its text.
+func parseErr(t *testing.T, s string) string {
+	t.Helper()
+	_, err := Parse([]byte(s))
+	if err == nil {
+		t.Fatalf("Parse(%q) succeeded, want an error", s)
+	}
+	if !errors.Is(err, ErrInvalid) {
+		t.Errorf("Parse(%q): %v does not match ErrInvalid", s, err)
+	}
+	var ce *Error
+	if !errors.As(err, &ce) {
+		t.Errorf("Parse(%q): %v is not an *Error", s, err)
+	}
+	return err.Error()
+}
+
+func wantErr(t *testing.T, s string, parts ...string) {
+	t.Helper()
+	msg := parseErr(t, s)
+	for _, p := range parts {
+		if !strings.Contains(msg, p) {
+			t.Errorf("Parse(%q) error %q does not mention %q", s, msg, p)
+		}
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	d := Default()
+	if d.Verbs.Backend != "auto" || d.Verbs.Device != "" || d.Verbs.SoftMaxMR != 0 {
+		t.Errorf("verbs defaults: %+v", d.Verbs)
+	}
+	if d.Buffers.DefaultSize != 0 || d.Buffers.MaxBuffers != 65536 || d.Buffers.MaxPinned != 0 {
+		t.Errorf("buffers defaults: %+v", d.Buffers)
+	}
+	if got := d.Buffers.DefaultAccess.String(); got != "local_write" {
+		t.Errorf("default_access = %q", got)
+	}
+	if got := d.Buffers.AllowedAccess.String(); got != "local_write,remote_write,remote_read,remote_atomic" {
+		t.Errorf("allowed_access = %q", got)
+	}
+	if d.Mount.AllowOther || !d.Mount.ZeroCopy || d.Mount.Umask != 0o077 {
+		t.Errorf("mount defaults: %+v", d.Mount)
+	}
+	if d.Log.Level != slog.LevelInfo || d.Log.Format != "text" {
+		t.Errorf("log defaults: %+v", d.Log)
+	}
+	if err := d.Validate(); err != nil {
+		t.Errorf("Default().Validate(): %v", err)
+	}
+}
+
+func TestEmptyIsDefault(t *testing.T) {
+	for _, s := range []string{"", "\n# nothing\n", "[verbs]\n[buffers]\n[mount]\n[log]\n"} {
+		if c := mustParse(t, s); c != Default() {
+			t.Errorf("Parse(%q) = %+v, want Default()", s, c)
+		}
+	}
+	c, err := Load("")
+	if err != nil || c != Default() {
+		t.Errorf(`Load("") = %+v, %v`, c, err)
+	}
+}
+
+// The committed annotated file and Default() cannot drift apart.
+func TestCommittedFileIsDefault(t *testing.T) {
+	c, err := Load("../../config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != Default() {
+		t.Errorf("config.toml = %+v\nDefault()  = %+v", c, Default())
+	}
+	// Every key the schema knows is written out in the file.
+	data, err := os.ReadFile("../../config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	schemaKeys(reflectFile(), "", known)
+	for k := range known {
+		name := k[strings.LastIndexByte(k, '.')+1:]
+		if !strings.Contains(k, ".") {
+			name = "[" + k + "]"
+		}
+		if !strings.Contains(string(data), name) {
+			t.Errorf("config.toml does not mention %s", k)
+		}
+	}
+}
+
+func TestValues(t *testing.T) {
+	c := mustParse(t, `
+[verbs]
+backend = "soft"
+device = "soft0"
+soft_max_mr = 16
+
+[buffers]
+default_size = "64KiB"
+default_access = ["local_write", "REMOTE_READ"]
+allowed_access = ["IBV_ACCESS_LOCAL_WRITE|remote_read", "0x2", 8]
+max_buffers = 10
+max_pinned = "1GiB"
+
+[mount]
+allow_other = true
+zero_copy = false
+umask = "022"
+
+[log]
+level = "debug"
+format = "json"
+`)
+	want := Config{
+		Verbs: Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16},
+		Buffers: Buffers{
+			DefaultSize:   65536,
+			DefaultAccess: verbs.LocalWrite | verbs.RemoteRead,
+			AllowedAccess: verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic,
+			MaxBuffers:    10,
+			MaxPinned:     1 << 30,
+		},
+		Mount: Mount{AllowOther: true, ZeroCopy: false, Umask: 0o022},
+		Log:   Log{Level: slog.LevelDebug, Format: "json"},
+	}
+	if c != want {
+		t.Errorf("got  %+v\nwant %+v", c, want)
+	}
+}
+
+func TestSizeKeys(t *testing.T) {
+	for in, want := range map[string]Size{
+		`4096`: 4096, `"4096"`: 4096, `"0"`: 0, `0`: 0, `"64KiB"`: 65536, `"1GiB"`: 1 << 30, `"3 MiB"`: 3 << 20,
+	} {
+		c := mustParse(t, "[buffers]\nmax_pinned = "+in)
+		if c.Buffers.MaxPinned != want {
+			t.Errorf("max_pinned = %s: got %d, want %d", in, c.Buffers.MaxPinned, want)
+		}
+		c = mustParse(t, "[buffers]\ndefault_size = "+in)
+		if c.Buffers.DefaultSize != want {
+			t.Errorf("default_size = %s: got %d, want %d", in, c.Buffers.DefaultSize, want)
+		}
+	}
+	wantErr(t, "[buffers]\nmax_pinned = -1", "buffers.max_pinned", "negative")
+	wantErr(t, "[buffers]\nmax_pinned = \"64KB\"", "buffers.max_pinned", "ambiguous")
+	wantErr(t, "[buffers]\nmax_pinned = \"64XB\"", "buffers.max_pinned", "unknown unit")
+	wantErr(t, "[buffers]\ndefault_size = \"1.5MiB\"", "buffers.default_size", "fractions")
+	wantErr(t, "[buffers]\ndefault_size = 1.5", "buffers.default_size", "float")
+	wantErr(t, "[buffers]\ndefault_size = true", "buffers.default_size", "boolean")
+	wantErr(t, "[buffers]\nmax_pinned = \"16EiB\"", "buffers.max_pinned", "too large")
+	wantErr(t, "[buffers]\nmax_pinned = \"99999999999999999999\"", "buffers.max_pinned", "too large")
+}
+
+func TestUnknownKeys(t *testing.T) {
+	wantErr(t, "[buffers]\nmax_bufers = 1", "buffers.max_bufers", "unknown key", "max_buffers")
+	wantErr(t, "[verbs]\nbackend = \"soft\"\ncolour = 1", "verbs.colour", "unknown key")
+	wantErr(t, "[verbs]\nBackend = \"soft\"", "verbs.Backend", "case sensitive", "verbs.backend")
+	wantErr(t, "verbose = true", "verbose", "unknown key")
+	msg := parseErr(t, "[extra]\na = 1\nb = 2\n[buffers]\nmax_bufers = 1\n")
+	if strings.Count(msg, "extra") != 1 || strings.Count(msg, "buffers.max_bufers") != 1 {
+		t.Errorf("unknown table error %q: want the table and the other key named once each", msg)
+	}
+}
+
+func TestSyntaxAndTypeErrors(t *testing.T) {
+	msg := parseErr(t, "[buffers]\nmax_buffers = = 1\n")
+	if !strings.Contains(msg, "line 2") {
+		t.Errorf("syntax error %q does not give the line", msg)
+	}
+	wantErr(t, "[buffers]\nmax_buffers = \"many\"", "buffers.max_buffers")
+	wantErr(t, "[mount]\nzero_copy = \"yes\"", "mount.zero_copy")
+	wantErr(t, "verbs = 1", "verbs", "got a TOML integer, want a table")
+	if msg := parseErr(t, "verbs = 1"); strings.Contains(msg, "struct") {
+		t.Errorf("error %q speaks Go, not TOML", msg)
+	}
+	wantErr(t, "[log]\nformat = 1", "line 2", "log.format", "got a TOML integer, want a TOML string")
+}
+
+func TestValidation(t *testing.T) {
+	wantErr(t, `verbs.backend = "ibverbs"`, "verbs.backend", `"ibverbs"`, "auto, rdma or soft")
+	wantErr(t, `verbs.backend = "Soft"`, "verbs.backend", `"Soft"`)
+	wantErr(t, "verbs.soft_max_mr = -1", "verbs.soft_max_mr", "-1")
+	wantErr(t, "verbs.soft_max_mr = 16777216", "verbs.soft_max_mr", "16777216")
+	wantErr(t, "[verbs]\nbackend = \"rdma\"\nsoft_max_mr = 8", "verbs.soft_max_mr", "soft backend")
+	mustParse(t, "[verbs]\nbackend = \"auto\"\nsoft_max_mr = 8")
+
+	wantErr(t, `buffers.default_access = ["local_write", "remote_reed"]`, "buffers.default_access", "remote_reed", "local_write, remote_write")
+	wantErr(t, `buffers.allowed_access = ["bogus"]`, "buffers.allowed_access", "bogus")
+	wantErr(t, `buffers.allowed_access = [1.5]`, "buffers.allowed_access", "float")
+	wantErr(t, `buffers.allowed_access = [-1]`, "buffers.allowed_access", "out of range")
+	wantErr(t, `buffers.allowed_access = true`, "buffers.allowed_access", "boolean")
+	wantErr(t, `buffers.allowed_access = ["0x800"]`, "buffers.allowed_access", "0x800", "no device accepts")
+	wantErr(t, `buffers.default_access = ["0x800"]`, "buffers.default_access", "0x800", "no device accepts")
+	wantErr(t, `buffers.default_access = ["remote_write"]`, "buffers.default_access", "remote_write", "need local_write")
+	wantErr(t, `buffers.default_access = ["local_write", "mw_bind"]`, "buffers.default_access", "subset", "mw_bind")
+	wantErr(t, "[buffers]\nallowed_access = []", "buffers.default_access", "subset")
+	// Allowed access is a set of permissions: remote_write alone is legal.
+	c := mustParse(t, "[buffers]\nallowed_access = [\"remote_write\"]\ndefault_access = []")
+	if c.Buffers.AllowedAccess != verbs.RemoteWrite || c.Buffers.DefaultAccess != 0 {
+		t.Errorf("got %+v", c.Buffers)
+	}
+	// A single string is accepted too, in the xattr's own format.
+	if c := mustParse(t, `buffers.default_access = "local_write,remote_read"`); c.Buffers.DefaultAccess != verbs.LocalWrite|verbs.RemoteRead {
+		t.Errorf("got %s", c.Buffers.DefaultAccess)
+	}
+
+	wantErr(t, "buffers.max_buffers = -5", "buffers.max_buffers", "-5")
+	if c := mustParse(t, "buffers.max_buffers = 0"); c.Buffers.MaxBuffers != 0 {
+		t.Errorf("max_buffers 0: got %d", c.Buffers.MaxBuffers)
+	}
+	wantErr(t, "[buffers]\ndefault_size = \"2MiB\"\nmax_pinned = \"1MiB\"", "buffers.default_size", "2 MiB", "1 MiB")
+
+	wantErr(t, "mount.umask = 22", "mount.umask", "22", "quoted octal")
+	wantErr(t, "mount.umask = 0o22", "mount.umask", "18", "quoted octal")
+	wantErr(t, `mount.umask = "089"`, "mount.umask", `"089"`, "octal")
+	wantErr(t, `mount.umask = ""`, "mount.umask", "octal")
+	wantErr(t, `mount.umask = "-7"`, "mount.umask", "octal")
+	wantErr(t, `mount.umask = "1777"`, "mount.umask", "0777")
+	for in, want := range map[string]uint32{`"0"`: 0, `"022"`: 0o22, `"0o027"`: 0o27, `"777"`: 0o777, `"0077"`: 0o77} {
+		if c := mustParse(t, "mount.umask = "+in); c.Mount.Umask != want {
+			t.Errorf("umask %s: got %o, want %o", in, c.Mount.Umask, want)
+		}
+	}
+
+	wantErr(t, `log.level = "verbose"`, "log.level", `"verbose"`, "debug, info, warn or error")
+	wantErr(t, `log.level = "INFO"`, "log.level")
+	wantErr(t, `log.format = "xml"`, "log.format", `"xml"`, "text or json")
+	for in, want := range map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError} {
+		if c := mustParse(t, `log.level = "`+in+`"`); c.Log.Level != want {
+			t.Errorf("level %s: got %v", in, c.Log.Level)
+		}
+	}
+}
+
+func TestAllProblemsReported(t *testing.T) {
+	_, err := Parse([]byte("verbs.backend = \"x\"\nlog.format = \"y\"\n"))
+	msg := err.Error()
+	if !strings.Contains(msg, "verbs.backend") || !strings.Contains(msg, "log.format") {
+		t.Errorf("error %q does not report both problems", msg)
+	}
+}
+
+func TestValidateAfterOverride(t *testing.T) {
+	c := Default()
+	c.Verbs.Backend = "nic"
+	c.Log.Level = slog.LevelInfo + 1
+	c.Mount.Umask = 0o1000
+	err := c.Validate()
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Validate: %v", err)
+	}
+	for _, k := range []string{"verbs.backend", "log.level", "mount.umask"} {
+		if !strings.Contains(err.Error(), k) {
+			t.Errorf("error %q does not mention %s", err, k)
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mrfs.toml")
+	if err := os.WriteFile(path, []byte("[buffers]\nmax_bufers = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Path != path || ce.Key != "buffers.max_bufers" {
+		t.Fatalf("Load: %#v", err)
+	}
+	if !strings.HasPrefix(err.Error(), path+": buffers.max_bufers: ") {
+		t.Errorf("error %q does not start with the path and key", err)
+	}
+
+	if err := os.WriteFile(path, []byte("[log]\nlevel = \"warn\"\nformat = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	if !errors.As(err, &ce) || ce.Path != path || ce.Line != 3 {
+		t.Errorf("type error: %#v (%v)", err, err)
+	}
+
+	_, err = Load(filepath.Join(dir, "missing.toml"))
+	if !errors.Is(err, ErrInvalid) || !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "missing.toml") {
+		t.Errorf("missing file: %v", err)
+	}
+}

@@ -1,0 +1,304 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"mrfs/verbs"
+)
+
+// file mirrors config.toml. It differs from Config where the file's form
+// is not the Go type's (access lists, the umask string, the level name).
+type file struct {
+	Verbs struct {
+		Backend   string `toml:"backend"`
+		Device    string `toml:"device"`
+		SoftMaxMR int    `toml:"soft_max_mr"`
+	} `toml:"verbs"`
+	Buffers struct {
+		DefaultSize   Size       `toml:"default_size"`
+		DefaultAccess accessList `toml:"default_access"`
+		AllowedAccess accessList `toml:"allowed_access"`
+		MaxBuffers    int        `toml:"max_buffers"`
+		MaxPinned     Size       `toml:"max_pinned"`
+	} `toml:"buffers"`
+	Mount struct {
+		AllowOther bool      `toml:"allow_other"`
+		ZeroCopy   bool      `toml:"zero_copy"`
+		Umask      octalMode `toml:"umask"`
+	} `toml:"mount"`
+	Log struct {
+		Level  levelName `toml:"level"`
+		Format string    `toml:"format"`
+	} `toml:"log"`
+}
+
+func decode(data []byte) (Config, error) {
+	// Pre-fill with the defaults so that absent keys keep them.
+	d := Default()
+	var f file
+	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
+	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
+	f.Buffers.DefaultAccess, f.Buffers.AllowedAccess = accessList(d.Buffers.DefaultAccess), accessList(d.Buffers.AllowedAccess)
+	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
+	name, _ := knownLevel(d.Log.Level)
+	f.Log.Level, f.Log.Format = levelName(name), d.Log.Format
+
+	md, err := toml.Decode(string(data), &f)
+	if err != nil {
+		return Config{}, decodeError(err)
+	}
+	if err := checkKeys(md); err != nil {
+		return Config{}, err
+	}
+	level, _ := parseLevel(string(f.Log.Level)) // checked by UnmarshalTOML
+	return Config{
+		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, SoftMaxMR: f.Verbs.SoftMaxMR},
+		Buffers: Buffers{
+			DefaultSize:   f.Buffers.DefaultSize,
+			DefaultAccess: verbs.Access(f.Buffers.DefaultAccess),
+			AllowedAccess: verbs.Access(f.Buffers.AllowedAccess),
+			MaxBuffers:    f.Buffers.MaxBuffers,
+			MaxPinned:     f.Buffers.MaxPinned,
+		},
+		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
+		Log:   Log{Level: level, Format: f.Log.Format},
+	}, nil
+}
+
+// decodeError turns the decoder's error into an *Error with the key and
+// line it reports, in the file's terms rather than Go's: the user wrote a
+// config file, not input for a library.
+func decodeError(err error) error {
+	var pe toml.ParseError
+	if errors.As(err, &pe) {
+		return &Error{Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message, Err: err}
+	}
+	// Type mismatches come as plain errors: `toml: line N (last key "k"): msg`.
+	e := &Error{Msg: strings.TrimPrefix(err.Error(), "toml: "), Err: err}
+	if m := typeErrorRE.FindStringSubmatch(err.Error()); m != nil {
+		e.Line, _ = strconv.Atoi(m[1])
+		e.Key = m[2]
+		e.Msg = m[3]
+		if t := badTypeRE.FindStringSubmatch(e.Msg); t != nil {
+			e.Msg = fmt.Sprintf("got a TOML %s, want a TOML %s", goTypeNames.Replace(t[1]), t[2])
+		} else if t := tableTypeRE.FindStringSubmatch(e.Msg); t != nil {
+			e.Msg = fmt.Sprintf("got a TOML %s, want a table", goTypeNames.Replace(t[1]))
+		}
+	}
+	return e
+}
+
+var (
+	typeErrorRE = regexp.MustCompile(`^toml: (?:line (\d+) )?\(last key "([^"]*)"\): (.*)$`)
+	tableTypeRE = regexp.MustCompile(`^type mismatch for .*: expected table but found (.*)$`)
+	badTypeRE   = regexp.MustCompile(`^incompatible types: TOML value has type (.*); destination has type (.*)$`)
+	goTypeNames = strings.NewReplacer("int64", "integer", "float64", "float", "bool", "boolean",
+		"[]map[string]any", "array of tables", "map[string]any", "table", "[]any", "array", "time.Time", "datetime")
+)
+
+// checkKeys refuses keys the schema does not have: the decoder's undecoded
+// keys, and keys it matched only by ignoring case (TOML keys are case
+// sensitive, and "Backend" next to "backend" would be a silent override).
+func checkKeys(md toml.MetaData) error {
+	known := map[string]bool{}
+	schemaKeys(reflect.TypeOf(file{}), "", known)
+	var errs []error
+	var reported []string
+	bad := func(k toml.Key, msg string) {
+		s := k.String()
+		for _, r := range reported {
+			if s == r || strings.HasPrefix(s, r+".") {
+				return // already reported, or inside a table already reported
+			}
+		}
+		reported = append(reported, s)
+		errs = append(errs, invalid(s, "%s", msg))
+	}
+	for _, k := range md.Undecoded() {
+		bad(k, unknownKeyMsg(k, known))
+	}
+	for _, k := range md.Keys() {
+		if !known[k.String()] {
+			bad(k, unknownKeyMsg(k, known))
+		}
+	}
+	return join(errs)
+}
+
+func unknownKeyMsg(k toml.Key, known map[string]bool) string {
+	s := k.String()
+	for name := range known {
+		if strings.EqualFold(name, s) {
+			return fmt.Sprintf("unknown key (keys are case sensitive: did you mean %q?)", name)
+		}
+	}
+	parent := strings.Join(k[:len(k)-1], ".")
+	var siblings []string
+	for name := range known {
+		i := strings.LastIndexByte(name, '.')
+		if (i < 0 && parent == "") || (i >= 0 && name[:i] == parent) {
+			siblings = append(siblings, name[i+1:])
+		}
+	}
+	if len(siblings) == 0 {
+		return "unknown key"
+	}
+	sort.Strings(siblings)
+	where := "the top level"
+	if parent != "" {
+		where = "[" + parent + "]"
+	}
+	return fmt.Sprintf("unknown key; %s has %s", where, strings.Join(siblings, ", "))
+}
+
+// schemaKeys lists the dotted keys of a toml-tagged struct.
+func schemaKeys(t reflect.Type, prefix string, out map[string]bool) {
+	for i := range t.NumField() {
+		fld := t.Field(i)
+		name := prefix + fld.Tag.Get("toml")
+		out[name] = true
+		if fld.Type.Kind() == reflect.Struct {
+			schemaKeys(fld.Type, name+".", out)
+		}
+	}
+}
+
+// accessList is an access set as config.toml writes it.
+type accessList verbs.Access
+
+// accessNames lists the known names for error messages.
+var accessNames = strings.Join((verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead | verbs.RemoteAtomic |
+	verbs.MWBind | verbs.ZeroBased | verbs.OnDemand | verbs.RelaxedOrdering).Names(), ", ")
+
+func (a *accessList) UnmarshalTOML(v any) error {
+	var items []any
+	switch v := v.(type) {
+	case []any:
+		items = v
+	case string, int64:
+		items = []any{v}
+	default:
+		return fmt.Errorf("got a TOML %s, want a list of access names such as [\"local_write\", \"remote_read\"]", tomlType(v))
+	}
+	var acc verbs.Access
+	for _, it := range items {
+		switch it := it.(type) {
+		case string:
+			f, err := verbs.ParseAccess(it)
+			if err != nil {
+				return fmt.Errorf("unknown access %q; names are %s, or a mask such as \"0x5\"", it, accessNames)
+			}
+			acc |= f
+		case int64:
+			if it < 0 || it > math.MaxUint32 {
+				return fmt.Errorf("access mask %d is out of range (0 to 0xffffffff)", it)
+			}
+			acc |= verbs.Access(it)
+		default:
+			return fmt.Errorf("list element is a TOML %s; want an access name or mask", tomlType(it))
+		}
+	}
+	*a = accessList(acc)
+	return nil
+}
+
+// octalMode is a permission mask written as a string of octal digits.
+type octalMode uint32
+
+func (m *octalMode) UnmarshalTOML(v any) error {
+	s, ok := v.(string)
+	if !ok {
+		if n, isInt := v.(int64); isInt {
+			return fmt.Errorf("got the integer %d; write the umask as a quoted octal string such as \"077\" (a bare 22 would be decimal, not 022)", n)
+		}
+		return fmt.Errorf("got a TOML %s; want a quoted octal string such as \"077\"", tomlType(v))
+	}
+	digits := strings.TrimPrefix(strings.TrimPrefix(s, "0o"), "0O")
+	n, err := strconv.ParseUint(digits, 8, 32)
+	if err != nil || digits == "" || strings.ContainsAny(digits, "+-_") {
+		return fmt.Errorf("%q is not octal digits; want a string such as \"077\"", s)
+	}
+	if n > 0o777 {
+		return fmt.Errorf("%q is more than 0777; a umask covers only the permission bits", s)
+	}
+	*m = octalMode(n)
+	return nil
+}
+
+var levels = []struct {
+	name  string
+	level slog.Level
+}{
+	{"debug", slog.LevelDebug},
+	{"info", slog.LevelInfo},
+	{"warn", slog.LevelWarn},
+	{"error", slog.LevelError},
+}
+
+// parseLevel reads the four names of levels; slog's own parser also takes
+// "INFO+2" and the like, which only invites typos.
+func parseLevel(s string) (slog.Level, bool) {
+	for _, l := range levels {
+		if l.name == s {
+			return l.level, true
+		}
+	}
+	return 0, false
+}
+
+// knownLevel gives the name of one of the four levels.
+func knownLevel(l slog.Level) (string, bool) {
+	for _, x := range levels {
+		if x.level == l {
+			return x.name, true
+		}
+	}
+	return "", false
+}
+
+// levelName is log.level as written: one of the four names of levels.
+type levelName string
+
+func (l *levelName) UnmarshalTOML(v any) error {
+	s, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("got a TOML %s; want debug, info, warn or error", tomlType(v))
+	}
+	if _, ok := parseLevel(s); !ok {
+		return fmt.Errorf("%q is not a level; use debug, info, warn or error", s)
+	}
+	*l = levelName(s)
+	return nil
+}
+
+// tomlType names a decoded TOML value's type as the file spells it.
+func tomlType(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case int64:
+		return "integer"
+	case float64:
+		return "float"
+	case bool:
+		return "boolean"
+	case []any, []map[string]any:
+		return "array"
+	case map[string]any:
+		return "table"
+	case time.Time:
+		return "datetime"
+	}
+	return fmt.Sprintf("%T", v)
+}

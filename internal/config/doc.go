@@ -1,0 +1,28 @@
+// Package config reads mrfs's config.toml: the schema, its defaults, size
+// and access parsing, and validation.
+//
+// Decoding is strict so that a typo never silently falls back to a default:
+// unknown keys (and keys in the wrong case) are errors. Every key has a
+// default, so an empty file is valid. All errors from Load, Parse and
+// Validate are config errors: they match ErrInvalid with errors.Is and
+// *Error with errors.As, which is how the CLI picks exit code 2.
+//
+// Value formats:
+//
+//   - Sizes (buffers.default_size, buffers.max_pinned) are a non-negative
+//     TOML integer of bytes, or a string: a whole number with an optional
+//     unit B, KiB, MiB, GiB, TiB, PiB or EiB (powers of 1024, any case,
+//     optional space: "64KiB", "1 GiB"). KB/MB/GB and K/M/G are rejected
+//     because readers disagree on whether they mean 1000 or 1024, and
+//     fractions ("1.5MiB") are rejected so that a size is exactly what is
+//     written.
+//   - Access lists (buffers.default_access, buffers.allowed_access) are an
+//     array whose elements are access names or masks, as verbs.ParseAccess
+//     reads them (["local_write", "remote_read"], ["0x5"], [5]), or one
+//     such string ("local_write,remote_read").
+//   - mount.umask is a string of octal digits ("077", "0o022"). A TOML
+//     integer is refused: `umask = 22` would be decimal 22 (octal 026), a
+//     silent weakening of key secrecy, and the decoder cannot tell 0o22
+//     from 18.
+//   - Enumerations (verbs.backend, log.level, log.format) are lower case.
+package config

@@ -1,0 +1,5 @@
+package config
+
+import "reflect"
+
+func reflectFile() reflect.Type { return reflect.TypeOf(file{}) }

@@ -1,0 +1,84 @@
+package config
+
+import (
+	"errors"
+	"strconv"
+
+	"mrfs/verbs"
+)
+
+// maxSoftMR is the most regions the soft device can key: a key holds the
+// region index in its upper 24 bits (index<<8 | random byte, as rxe).
+const maxSoftMR = 1<<24 - 1
+
+// Validate checks the values, all of them, and joins one *Error per
+// problem. Load and Parse call it; call it again after changing a Config
+// (e.g. applying --backend), since command-line values are config too.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, invalid(key, format, args...))
+	}
+
+	switch c.Verbs.Backend {
+	case BackendAuto, BackendRDMA, BackendSoft:
+	default:
+		bad("verbs.backend", "%q is not a backend; use auto, rdma or soft", c.Verbs.Backend)
+	}
+	switch {
+	case c.Verbs.SoftMaxMR < 0 || c.Verbs.SoftMaxMR > maxSoftMR:
+		bad("verbs.soft_max_mr", "%d is out of range; use 0 (the device default) to %d", c.Verbs.SoftMaxMR, maxSoftMR)
+	case c.Verbs.SoftMaxMR != 0 && c.Verbs.Backend == BackendRDMA:
+		// A real device's max_mr is the hardware's; a cap that silently does
+		// nothing would mislead.
+		bad("verbs.soft_max_mr", "%d is set but the backend is rdma; it applies only to the soft backend (remove it or set it to 0)", c.Verbs.SoftMaxMR)
+	}
+
+	b := c.Buffers
+	// Allowed access is a set of permissions, not one registration's flags,
+	// so remote_write without local_write is accepted (merely useless);
+	// adding local_write leaves only the unknown-bits check.
+	if (b.AllowedAccess | verbs.LocalWrite).Validate() != nil {
+		bad("buffers.allowed_access", "%q has bits no device accepts; use names from %s", b.AllowedAccess, accessNames)
+	}
+	switch {
+	case (b.DefaultAccess | verbs.LocalWrite).Validate() != nil:
+		bad("buffers.default_access", "%q has bits no device accepts; use names from %s", b.DefaultAccess, accessNames)
+	case b.DefaultAccess.Validate() != nil:
+		bad("buffers.default_access", "%q: remote_write and remote_atomic need local_write", b.DefaultAccess)
+	}
+	if extra := b.DefaultAccess &^ b.AllowedAccess; extra != 0 {
+		bad("buffers.default_access", "%q is not a subset of buffers.allowed_access %q (%s not allowed)",
+			b.DefaultAccess, b.AllowedAccess, extra)
+	}
+	if b.MaxBuffers < 0 {
+		bad("buffers.max_buffers", "%d is negative; use 0 for no limit or a positive count", b.MaxBuffers)
+	}
+	if b.MaxPinned != 0 && b.DefaultSize > b.MaxPinned {
+		// Every create would fail with ENOSPC.
+		bad("buffers.default_size", "%s is more than buffers.max_pinned (%s), so no file could be created", b.DefaultSize, b.MaxPinned)
+	}
+
+	if c.Mount.Umask > 0o777 {
+		bad("mount.umask", "0%s is more than 0777; a umask covers only the permission bits", strconv.FormatUint(uint64(c.Mount.Umask), 8))
+	}
+
+	if _, ok := knownLevel(c.Log.Level); !ok {
+		bad("log.level", "%q is not a level; use debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case FormatText, FormatJSON:
+	default:
+		bad("log.format", "%q is not a format; use text or json", c.Log.Format)
+	}
+	return join(errs)
+}
+
+// join is errors.Join, except that one error comes back as itself, so
+// that a caller can type-assert the usual single *Error.
+func join(errs []error) error {
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
