@@ -1,0 +1,109 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"mrfs/buffer"
+)
+
+// bufferNode is a regular file: a registered buffer. Its size is the
+// memfd's, learned by buffer.Sync at getattr, getxattr, flush and release.
+type bufferNode struct {
+	fusefs.Inode
+	metaNode
+	fsys *filesystem
+	buf  *buffer.Buffer // set at creation, never changed
+}
+
+var (
+	_ = (fusefs.NodeGetattrer)((*bufferNode)(nil))
+	_ = (fusefs.NodeSetattrer)((*bufferNode)(nil))
+	_ = (fusefs.NodeOpener)((*bufferNode)(nil))
+	_ = (fusefs.NodeAllocater)((*bufferNode)(nil))
+	_ = (fusefs.NodeFsyncer)((*bufferNode)(nil))
+)
+
+func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.sync()
+	n.fillAttr(&out.Attr)
+	return 0
+}
+
+// sync learns the memfd's size. A failure to re-register is not the
+// caller's error: the buffer records it in its state (user.mrfs.state).
+func (n *bufferNode) sync() {
+	if err := n.buf.Sync(); err != nil {
+		n.fsys.log.Debug("sync", "err", err)
+	}
+}
+
+func (n *bufferNode) fillAttr(out *fuse.Attr) {
+	n.metaNode.fillAttr(out)
+	size := n.buf.Info().Size
+	out.Size = size
+	out.Blocks = (size + 511) / 512
+	out.Blksize = 4096
+	out.Nlink = 1
+}
+
+func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
+	n.fillAttr(&out.Attr)
+	// Timeouts stay 0 so stat always shows the memfd's current size.
+	out.SetAttrTimeout(0)
+	out.SetEntryTimeout(0)
+}
+
+func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if size, ok := in.GetSize(); ok {
+		if err := n.buf.Resize(size); err != nil {
+			return toErrno(n.fsys.log, "truncate", err)
+		}
+		n.touch(true)
+	}
+	n.mu.Lock()
+	n.meta.setattr(in)
+	n.mu.Unlock()
+	n.fillAttr(&out.Attr)
+	return 0
+}
+
+func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_TRUNC != 0 {
+		if err := n.buf.Resize(0); err != nil {
+			return nil, 0, toErrno(n.fsys.log, "open O_TRUNC", err)
+		}
+		n.touch(true)
+	}
+	if n.buf.Fd() < 0 {
+		return nil, 0, syscall.ENOENT
+	}
+	fh, fuseFlags := n.newHandle()
+	return fh, fuseFlags, 0
+}
+
+// newHandle returns the one kind of handle this mount uses: passthrough,
+// or direct I/O in degraded mode. Mixing them on an inode makes the
+// kernel fail opens with EIO.
+func (n *bufferNode) newHandle() (fusefs.FileHandle, uint32) {
+	if n.fsys.ZeroCopy {
+		return &passthroughHandle{node: n}, 0
+	}
+	return &directHandle{node: n}, fuse.FOPEN_DIRECT_IO
+}
+
+func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
+	if err := n.buf.Allocate(off, size, mode); err != nil {
+		return toErrno(n.fsys.log, "fallocate", err)
+	}
+	n.touch(true)
+	return 0
+}
+
+// Fsync has nothing to do: the bytes are memory.
+func (n *bufferNode) Fsync(ctx context.Context, f fusefs.FileHandle, flags uint32) syscall.Errno {
+	return 0
+}

@@ -1,0 +1,106 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// MountOptions are the kernel-facing choices of a mount.
+type MountOptions struct {
+	AllowOther bool
+}
+
+// Server is a mounted mrfs.
+type Server struct {
+	srv *fuse.Server
+	dir string
+}
+
+// ErrNoPassthrough means the kernel or the daemon's privileges do not
+// allow FUSE passthrough, without which mmap would not be zero copy.
+var ErrNoPassthrough = errors.New("FUSE passthrough unavailable")
+
+// Mount mounts a new tree at dir: the root directory is a new PD with
+// opt.DefaultAccess. With opt.ZeroCopy it refuses to run (and unmounts)
+// when passthrough does not work, since go-fuse would otherwise fall back
+// to the page cache silently.
+func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
+	dom, err := opt.Manager.NewDomain(opt.DefaultAccess)
+	if err != nil {
+		return nil, fmt.Errorf("allocate the root PD: %w", err)
+	}
+	fsys := &filesystem{Options: opt, mgr: opt.Manager, log: opt.Log}
+	root := &dirNode{fsys: fsys, dom: dom, root: true}
+	root.meta = newMeta(nil, 0o755)
+	options := &fusefs.Options{
+		// Attribute and entry timeouts stay unset (0): sizes change
+		// behind the kernel's back (writes past EOF via passthrough).
+		MountOptions: fuse.MountOptions{
+			FsName:      "mrfs",
+			Name:        "mrfs",
+			DirectMount: true,
+			AllowOther:  mo.AllowOther,
+			// Key secrecy: the kernel checks modes before any xattr read.
+			Options: []string{"default_permissions"},
+			// Without it every write() costs a security.capability
+			// GETXATTR; mrfs never stores set-id bits, so there is
+			// nothing to clear.
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2,
+		},
+	}
+	srv, err := fusefs.Mount(dir, root, options)
+	if err != nil {
+		dom.Close()
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	s := &Server{srv: srv, dir: dir}
+	if opt.ZeroCopy {
+		if err := probePassthrough(srv); err != nil {
+			s.Unmount()
+			dom.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// probePassthrough registers and unregisters a backing file, the step
+// that fails without CAP_SYS_ADMIN or on kernels before 6.9.
+func probePassthrough(srv *fuse.Server) error {
+	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		return fmt.Errorf("%w: the kernel does not offer it (Linux >= 6.9 needed)", ErrNoPassthrough)
+	}
+	fd, err := unix.MemfdCreate("mrfs-probe", unix.MFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("probe passthrough: memfd_create: %w", err)
+	}
+	defer unix.Close(fd)
+	id, errno := srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(fd)})
+	if errno != 0 {
+		return fmt.Errorf("%w: registering a backing file failed: %w (the daemon needs CAP_SYS_ADMIN)", ErrNoPassthrough, errno)
+	}
+	srv.UnregisterBackingFd(id)
+	return nil
+}
+
+// Wait returns when the filesystem is unmounted (also from outside, by
+// `mrfs umount` or umount(8)).
+func (s *Server) Wait() { s.srv.Wait() }
+
+// Unmount unmounts. When a client still has a file open or mapped the
+// kernel refuses (EBUSY); the mount is then detached, so it disappears at
+// once and the client keeps its pages until it lets go.
+func (s *Server) Unmount() error {
+	if err := s.srv.Unmount(); err == nil {
+		return nil
+	}
+	if err := unix.Unmount(s.dir, unix.MNT_DETACH); err != nil && err != syscall.EINVAL {
+		return fmt.Errorf("unmount %s: %w", s.dir, err)
+	}
+	return nil
+}

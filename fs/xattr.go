@@ -1,0 +1,316 @@
+package fs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+
+	"mrfs/buffer"
+	"mrfs/verbs"
+)
+
+// The extended attributes of DESIGN.md. Everything mrfs shows lives in
+// the user.mrfs. namespace; other names hold nothing.
+const (
+	xattrPrefix        = "user.mrfs."
+	xattrLKey          = xattrPrefix + "lkey"
+	xattrRKey          = xattrPrefix + "rkey"
+	xattrAddr          = xattrPrefix + "addr"
+	xattrLength        = xattrPrefix + "length"
+	xattrAccess        = xattrPrefix + "access"
+	xattrDevice        = xattrPrefix + "device"
+	xattrPD            = xattrPrefix + "pd"
+	xattrState         = xattrPrefix + "state"
+	xattrZeroCopy      = xattrPrefix + "zero_copy"
+	xattrDesc          = xattrPrefix + "desc"
+	xattrDefaultAccess = xattrPrefix + "default_access"
+	xattrStats         = xattrPrefix + "stats"
+)
+
+var (
+	fileXattrs = []string{xattrLKey, xattrRKey, xattrAddr, xattrLength, xattrAccess,
+		xattrDevice, xattrPD, xattrState, xattrZeroCopy, xattrDesc}
+	dirXattrs  = []string{xattrPD, xattrDevice, xattrDefaultAccess}
+	rootXattrs = append(append([]string{}, dirXattrs...), xattrStats)
+)
+
+var (
+	_ = (fusefs.NodeGetxattrer)((*bufferNode)(nil))
+	_ = (fusefs.NodeSetxattrer)((*bufferNode)(nil))
+	_ = (fusefs.NodeListxattrer)((*bufferNode)(nil))
+	_ = (fusefs.NodeRemovexattrer)((*bufferNode)(nil))
+	_ = (fusefs.NodeGetxattrer)((*dirNode)(nil))
+	_ = (fusefs.NodeSetxattrer)((*dirNode)(nil))
+	_ = (fusefs.NodeListxattrer)((*dirNode)(nil))
+	_ = (fusefs.NodeRemovexattrer)((*dirNode)(nil))
+)
+
+func hex32(v uint32) string { return "0x" + strconv.FormatUint(uint64(v), 16) }
+
+// desc is user.mrfs.desc: everything a peer needs, in one read.
+type desc struct {
+	Device string   `json:"device"`
+	Addr   string   `json:"addr"`
+	Length string   `json:"length"`
+	LKey   string   `json:"lkey"`
+	RKey   string   `json:"rkey"`
+	Access []string `json:"access"`
+}
+
+// fileXattr returns the value of a file attribute. Keys, address and desc
+// exist only while the buffer is registered.
+func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
+	n.sync()
+	info := n.buf.Info()
+	registered := info.State == buffer.Registered
+	switch name {
+	case xattrLKey, xattrRKey, xattrAddr, xattrDesc:
+		if !registered {
+			return nil, syscall.ENODATA
+		}
+	}
+	var v string
+	switch name {
+	case xattrLKey:
+		v = hex32(info.LKey)
+	case xattrRKey:
+		v = hex32(info.RKey)
+	case xattrAddr:
+		v = "0x" + strconv.FormatUint(uint64(info.Addr), 16)
+	case xattrLength:
+		v = strconv.FormatUint(info.Size, 10)
+	case xattrAccess:
+		v = info.Access.String()
+	case xattrDevice:
+		v = n.fsys.mgr.Device().Name()
+	case xattrPD:
+		v = strconv.FormatUint(uint64(info.PD), 10)
+	case xattrState:
+		v = stateString(info)
+	case xattrZeroCopy:
+		v = boolString(n.fsys.ZeroCopy)
+	case xattrDesc:
+		b, _ := json.Marshal(desc{
+			Device: n.fsys.mgr.Device().Name(),
+			Addr:   "0x" + strconv.FormatUint(uint64(info.Addr), 16),
+			Length: strconv.FormatUint(info.Size, 10),
+			LKey:   hex32(info.LKey),
+			RKey:   hex32(info.RKey),
+			Access: info.Access.Names(),
+		})
+		return b, 0
+	default:
+		return nil, syscall.ENODATA
+	}
+	return []byte(v), 0
+}
+
+func stateString(info buffer.Info) string {
+	switch info.State {
+	case buffer.Registered:
+		return "registered"
+	case buffer.Empty:
+		return "empty"
+	default:
+		return "unregistered: " + info.Reason
+	}
+}
+
+func boolString(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+func (d *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
+	switch name {
+	case xattrPD:
+		return []byte(strconv.FormatUint(uint64(d.dom.PD()), 10)), 0
+	case xattrDevice:
+		return []byte(d.fsys.mgr.Device().Name()), 0
+	case xattrDefaultAccess:
+		return []byte(d.dom.DefaultAccess().String()), 0
+	case xattrStats:
+		if d.root {
+			return d.fsys.statsJSON(), 0
+		}
+	}
+	return nil, syscall.ENODATA
+}
+
+// getxattr answers with the value, or with its size when dest is too
+// small (ERANGE) or empty (a size probe).
+func getxattr(dest []byte, v []byte) (uint32, syscall.Errno) {
+	if len(dest) == 0 {
+		return uint32(len(v)), 0
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+func listxattr(dest []byte, names []string) (uint32, syscall.Errno) {
+	var b []byte
+	for _, n := range names {
+		b = append(append(b, n...), 0)
+	}
+	return getxattr(dest, b)
+}
+
+func (n *bufferNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	v, errno := n.fileXattr(attr)
+	if errno != 0 {
+		return 0, errno
+	}
+	return getxattr(dest, v)
+}
+
+func (d *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	v, errno := d.dirXattr(attr)
+	if errno != 0 {
+		return 0, errno
+	}
+	return getxattr(dest, v)
+}
+
+func (n *bufferNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	n.sync()
+	names := fileXattrs
+	if n.buf.Info().State != buffer.Registered {
+		names = nil
+		for _, x := range fileXattrs {
+			switch x {
+			case xattrLKey, xattrRKey, xattrAddr, xattrDesc:
+			default:
+				names = append(names, x)
+			}
+		}
+	}
+	return listxattr(dest, names)
+}
+
+func (d *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	if d.root {
+		return listxattr(dest, rootXattrs)
+	}
+	return listxattr(dest, dirXattrs)
+}
+
+// setxattrCheck gives the errno for setting a name that is not settable:
+// EPERM for mrfs's own read-only names, EOPNOTSUPP for names mrfs does
+// not store (never ENOSYS, which disables setxattr for the whole mount).
+func setxattrCheck(name string) syscall.Errno {
+	if strings.HasPrefix(name, xattrPrefix) {
+		return syscall.EPERM
+	}
+	return syscall.EOPNOTSUPP
+}
+
+func parseAccessValue(data []byte) (verbs.Access, error) {
+	return verbs.ParseAccess(string(data))
+}
+
+func (n *bufferNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if attr != xattrAccess {
+		return setxattrCheck(attr)
+	}
+	if flags&xattrCreate != 0 {
+		return syscall.EEXIST
+	}
+	a, err := parseAccessValue(data)
+	if err == nil {
+		err = n.buf.SetAccess(a)
+	}
+	if err != nil {
+		return toErrno(n.fsys.log, "set access", err)
+	}
+	n.touch(false)
+	return 0
+}
+
+func (d *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if attr != xattrDefaultAccess {
+		return setxattrCheck(attr)
+	}
+	if flags&xattrCreate != 0 {
+		return syscall.EEXIST
+	}
+	a, err := parseAccessValue(data)
+	if err == nil {
+		err = d.dom.SetDefaultAccess(a)
+	}
+	if err != nil {
+		return toErrno(d.fsys.log, "set default_access", err)
+	}
+	d.touch(false)
+	return 0
+}
+
+// Removexattr: mrfs's attributes always exist and cannot be removed;
+// other names never exist.
+func (n *bufferNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return removexattrErrno(attr)
+}
+
+func (d *dirNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return removexattrErrno(attr)
+}
+
+func removexattrErrno(attr string) syscall.Errno {
+	if strings.HasPrefix(attr, xattrPrefix) {
+		return syscall.EPERM
+	}
+	return syscall.ENODATA
+}
+
+const xattrCreate = 1 // XATTR_CREATE
+
+// stats is user.mrfs.stats on the root.
+type stats struct {
+	Backend         string      `json:"backend"`
+	Device          string      `json:"device"`
+	ZeroCopy        bool        `json:"zero_copy"`
+	Buffers         int         `json:"buffers"`
+	PDs             int         `json:"pds"`
+	RegisteredBytes uint64      `json:"registered_bytes"`
+	PinnedBytes     uint64      `json:"pinned_bytes"`
+	Limits          statsLimits `json:"limits"`
+}
+
+type statsLimits struct {
+	MaxBuffers int    `json:"max_buffers"`
+	MaxPinned  uint64 `json:"max_pinned"`
+	MaxMR      int    `json:"max_mr"`
+	Memlock    uint64 `json:"memlock"`
+}
+
+func (fsys *filesystem) statsJSON() []byte {
+	st := fsys.mgr.Stats()
+	opt := fsys.mgr.Options()
+	b, err := json.Marshal(stats{
+		Backend:         fsys.Backend,
+		Device:          fsys.mgr.Device().Name(),
+		ZeroCopy:        fsys.ZeroCopy,
+		Buffers:         st.Buffers,
+		PDs:             st.PDs,
+		RegisteredBytes: st.RegisteredBytes,
+		PinnedBytes:     st.PinnedBytes,
+		Limits: statsLimits{
+			MaxBuffers: opt.MaxBuffers,
+			MaxPinned:  opt.MaxPinned,
+			MaxMR:      fsys.mgr.Device().Attr().MaxMR,
+			Memlock:    memlockLimit(),
+		},
+	})
+	if err != nil {
+		panic(fmt.Sprintf("marshal stats: %v", err)) // plain struct: cannot fail
+	}
+	return b
+}
