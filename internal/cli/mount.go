@@ -1,0 +1,125 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"mrfs/buffer"
+	"mrfs/fs"
+	"mrfs/internal/config"
+)
+
+func cmdMount(args []string, stderr io.Writer) error {
+	f := flag.NewFlagSet("mount", flag.ContinueOnError)
+	cfgPath := f.String("config", "", "config file (default: built-in defaults)")
+	backend := f.String("backend", "", "verbs backend: auto, rdma or soft (overrides the config)")
+	device := f.String("device", "", "device name (overrides the config)")
+	pos, err := parse(f, args, 1)
+	if err != nil {
+		return err
+	}
+	dir := pos[0]
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		return err
+	}
+	if *backend != "" {
+		cfg.Verbs.Backend = *backend
+	}
+	if *device != "" {
+		cfg.Verbs.Device = *device
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := newLogger(cfg.Log, stderr)
+
+	prov, err := chooseProvider(cfg.Verbs, log)
+	if err != nil {
+		return err
+	}
+	dev, err := openDevice(prov, cfg.Verbs.Device)
+	if err != nil {
+		return err
+	}
+	mgr := buffer.NewManager(dev, buffer.Options{
+		MaxBuffers: cfg.Buffers.MaxBuffers,
+		MaxPinned:  uint64(cfg.Buffers.MaxPinned),
+		Allowed:    cfg.Buffers.AllowedAccess,
+	}, log)
+	srv, err := fs.Mount(dir, fs.Options{
+		Manager:       mgr,
+		Backend:       prov.Name(),
+		ZeroCopy:      cfg.Mount.ZeroCopy,
+		Umask:         cfg.Mount.Umask,
+		DefaultSize:   uint64(cfg.Buffers.DefaultSize),
+		DefaultAccess: cfg.Buffers.DefaultAccess,
+		Log:           log,
+	}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther})
+	if err != nil {
+		mgr.Close()
+		dev.Close()
+		if errors.Is(err, fs.ErrNoPassthrough) {
+			return fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
+		}
+		return err
+	}
+	if !cfg.Mount.ZeroCopy {
+		log.Warn("zero copy is off (mount.zero_copy = false): reads and writes go through the daemon and mmap fails with ENODEV")
+	}
+	log.Info("mounted", "mountpoint", dir, "backend", prov.Name(), "device", dev.Name(),
+		"zero_copy", cfg.Mount.ZeroCopy, "pid", os.Getpid())
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	unmounted := make(chan struct{})
+	go func() {
+		srv.Wait()
+		close(unmounted)
+	}()
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case <-unmounted:
+		log.Info("unmounted from outside; shutting down")
+	}
+
+	// DESIGN.md's order: every region deregistered and every PD
+	// deallocated, the device closed, then the unmount.
+	st := mgr.Stats()
+	var errs []error
+	if err := mgr.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("deregister: %w", err))
+	}
+	if err := dev.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close device %s: %w", dev.Name(), err))
+	}
+	select {
+	case <-unmounted:
+	default:
+		if err := srv.Unmount(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("teardown: %w", err)
+	}
+	log.Info("teardown complete", "deregistered_buffers", st.Buffers, "deallocated_pds", st.PDs,
+		"unpinned_bytes", st.PinnedBytes)
+	return nil
+}
+
+func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.Level}
+	if cfg.Format == config.FormatJSON {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

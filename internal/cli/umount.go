@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os/exec"
+
+	"golang.org/x/sys/unix"
+)
+
+// cmdUmount unmounts; it also clears the mount of a daemon that was
+// killed (the kernel then answers ENOTCONN for every access).
+func cmdUmount(args []string) error {
+	f := flag.NewFlagSet("umount", flag.ContinueOnError)
+	lazy := f.Bool("lazy", false, "detach now even if files are open or mapped; they keep working until closed")
+	pos, err := parse(f, args, 1)
+	if err != nil {
+		return err
+	}
+	dir := pos[0]
+	flags := 0
+	if *lazy {
+		flags = unix.MNT_DETACH
+	}
+	err = unix.Unmount(dir, flags)
+	if errors.Is(err, unix.EPERM) {
+		// Not root: a user mount is unmounted by the setuid helper.
+		for _, helper := range []string{"fusermount3", "fusermount"} {
+			if path, lerr := exec.LookPath(helper); lerr == nil {
+				args := []string{"-u"}
+				if *lazy {
+					args = append(args, "-z")
+				}
+				if out, herr := exec.Command(path, append(args, dir)...).CombinedOutput(); herr != nil {
+					return fmt.Errorf("unmount %s: %s: %s", dir, helper, out)
+				}
+				return nil
+			}
+		}
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EBUSY):
+		return fmt.Errorf("unmount %s: a process still has a file open or mapped; close it, or use --lazy", dir)
+	case errors.Is(err, unix.EINVAL):
+		return fmt.Errorf("unmount %s: not a mount point", dir)
+	}
+	return fmt.Errorf("unmount %s: %w", dir, err)
+}
