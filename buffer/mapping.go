@@ -3,6 +3,7 @@ package buffer
 import (
 	"fmt"
 	"os"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -89,12 +90,17 @@ func formatSize(n uint64) string {
 	if v < 1024 || i == len(units)-1 {
 		return fmt.Sprintf("%d %s", v, units[i])
 	}
-	// Not a whole number of the next unit: one decimal of the largest unit.
+	// Not a whole number of the next unit: one decimal of the largest
+	// unit, or the exact bytes when a decimal would hide the difference.
 	f := float64(n)
 	i = 0
 	for f >= 1024 && i < len(units)-1 {
 		f /= 1024
 		i++
 	}
-	return fmt.Sprintf("%.1f %s", f, units[i])
+	s := fmt.Sprintf("%.1f", f)
+	if strings.HasSuffix(s, ".0") {
+		return fmt.Sprintf("%d B", n)
+	}
+	return s + " " + units[i]
 }

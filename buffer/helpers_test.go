@@ -1,0 +1,218 @@
+package buffer_test
+
+import (
+	"bufio"
+	"bytes"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/buffer"
+	"mrfs/verbs"
+	"mrfs/verbs/soft"
+)
+
+const page = 4096
+
+// allowed is the policy of the tests: ZeroBased is allowed but the soft
+// device (like rxe) refuses it, MWBind is supported but not allowed.
+const allowed = verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic | verbs.ZeroBased
+
+// logBuf is a log sink safe for concurrent handlers.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type env struct {
+	m   *buffer.Manager
+	dev *spy
+	d   *buffer.Domain // a first domain with default access local_write
+	log *logBuf
+}
+
+// setup opens a soft device (maxMR 0: rxe's) behind a spy and a manager
+// with opt (Allowed defaults to allowed). Cleanup closes the manager and
+// checks the device holds no region and no PD afterwards.
+func setup(t *testing.T, opt buffer.Options, maxMR int) *env {
+	t.Helper()
+	dev, err := soft.New(soft.Options{MaxMR: maxMR}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opt.Allowed == 0 {
+		opt.Allowed = allowed
+	}
+	e := &env{dev: &spy{Device: dev, t: t}, log: &logBuf{}}
+	e.m = buffer.NewManager(e.dev, opt, slog.New(slog.NewTextHandler(e.log, nil)))
+	e.d, err = e.m.NewDomain(verbs.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.m.Close(); err != nil {
+			t.Errorf("Manager.Close: %v", err)
+		}
+		if mrs, pds := e.dev.counts(); mrs != 0 || pds != 0 {
+			t.Errorf("after Close the device holds %d regions and %d PDs", mrs, pds)
+		}
+		e.dev.checkViolations(t)
+		if err := dev.Close(); err != nil {
+			t.Errorf("device Close: %v", err)
+		}
+	})
+	return e
+}
+
+func (e *env) create(t *testing.T, size uint64) *buffer.Buffer {
+	t.Helper()
+	b, err := e.m.Create(e.d, size)
+	if err != nil {
+		t.Fatalf("Create(%d): %v", size, err)
+	}
+	return b
+}
+
+// check asserts the buffer's invariants: the memfd's size, the state,
+// and for a registered buffer that the region is the whole memfd, at the
+// daemon's mapping, and that the manager and device count one region.
+func check(t *testing.T, e *env, b *buffer.Buffer, size uint64, state buffer.State) {
+	t.Helper()
+	in := b.Info()
+	if in.Size != size || in.State != state {
+		t.Fatalf("Info: size %d state %v (%q), want %d %v", in.Size, in.State, in.Reason, size, state)
+	}
+	if got := fdSize(t, b.Fd()); got != size {
+		t.Fatalf("memfd size %d, want %d", got, size)
+	}
+	mr := b.MR()
+	switch state {
+	case buffer.Registered:
+		if mr == nil {
+			t.Fatal("registered without a region")
+		}
+		if mr.Length() != size || in.Addr != mr.Addr() || in.LKey != mr.LKey() || in.RKey != mr.RKey() {
+			t.Fatalf("Info %+v does not match region len %d addr 0x%x lkey 0x%x", in, mr.Length(), mr.Addr(), mr.LKey())
+		}
+		if mem := b.Mem(); uintptr(len(mem)) != uintptr(size) || mr.Addr() != uintptr(buffer.UnsafePointer(mem)) {
+			t.Fatalf("region 0x%x is not the daemon mapping", mr.Addr())
+		}
+		if b.MappedLen() != buffer.PageRound(size) {
+			t.Fatalf("mapping is %d bytes, want %d", b.MappedLen(), buffer.PageRound(size))
+		}
+		if mr.Access() != in.Access || mr.PD().Handle() != in.PD {
+			t.Fatalf("region access %s pd %d, Info says %s %d", mr.Access(), mr.PD().Handle(), in.Access, in.PD)
+		}
+	default:
+		if mr != nil || in.LKey != 0 || in.RKey != 0 || in.Addr != 0 {
+			t.Fatalf("%v buffer has a region: %+v", state, in)
+		}
+		if b.MappedLen() != 0 {
+			t.Fatalf("%v buffer keeps a %d-byte mapping", state, b.MappedLen())
+		}
+	}
+	if n := mappingsOf(t, b.Fd()); state == buffer.Registered && n != 1 || state != buffer.Registered && n != 0 {
+		t.Fatalf("%d daemon mappings of the memfd in state %v", n, state)
+	}
+}
+
+func fdSize(t *testing.T, fd int) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(st.Size)
+}
+
+// mappingsOf counts the lines of /proc/self/maps that map the memfd.
+func mappingsOf(t *testing.T, fd int) int {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) >= 6 && strings.HasPrefix(fs[5], "/memfd:mrfs") && fs[4] == strconv.FormatUint(st.Ino, 10) {
+			n++
+		}
+	}
+	return n
+}
+
+// outside opens the memfd again, as a client's passthrough fd would.
+func outside(t *testing.T, b *buffer.Buffer) *os.File {
+	t.Helper()
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(b.Fd()), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// pattern is size bytes that differ from page to page and byte to byte.
+func pattern(size uint64, seed byte) []byte {
+	p := make([]byte, size)
+	for i := range p {
+		p[i] = byte(i/page) + byte(i)*7 + seed
+	}
+	return p
+}
+
+func readAll(t *testing.T, b *buffer.Buffer) []byte {
+	t.Helper()
+	size := b.Info().Size
+	p := make([]byte, size)
+	n, err := b.ReadAt(p, 0)
+	if err != nil || uint64(n) != size {
+		t.Fatalf("ReadAt: %d, %v; want %d", n, err, size)
+	}
+	return p
+}
+
+func vmLck(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "VmLck:") {
+			return strings.TrimSpace(strings.TrimPrefix(l, "VmLck:"))
+		}
+	}
+	t.Fatal("no VmLck in /proc/self/status")
+	return ""
+}
+
+// deadMR asserts that a region the buffer dropped is gone from the device.
+func deadMR(t *testing.T, mr verbs.MR) {
+	t.Helper()
+	errnoIs(t, mr.Dereg(), unix.EINVAL)
+}
