@@ -63,7 +63,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	n := &bufferNode{fsys: d.fsys, buf: buf}
 	n.meta = newMeta(caller, d.fsys.perm(mode))
 	child := d.NewPersistentInode(ctx, n, fusefs.StableAttr{Mode: syscall.S_IFREG})
-	fh, fuseFlags := n.newHandle()
+	fh, fuseFlags := n.newHandle(flags)
 	n.fillEntry(out)
 	d.touch(true)
 	d.fsys.log.Debug("created", "name", name, "pd", d.dom.PD(), "size", buf.Info().Size)

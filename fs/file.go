@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
@@ -33,12 +34,27 @@ func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse
 	return 0
 }
 
-// sync learns the memfd's size. A failure to re-register is not the
-// caller's error: the buffer records it in its state (user.mrfs.state).
-func (n *bufferNode) sync() {
-	if err := n.buf.Sync(); err != nil {
+// sync learns the memfd's size. A failure to re-register (a limit hit by
+// a write past EOF) is recorded in the buffer's state (user.mrfs.state);
+// only a writer's close is told of it (see flush).
+func (n *bufferNode) sync() error {
+	err := n.buf.Sync()
+	if err != nil {
 		n.fsys.log.Debug("sync", "err", err)
 	}
+	return err
+}
+
+// flush is the close() of a handle: a writer learns there that what it
+// wrote could not be registered.
+// A buffer already freed (unlinked, or the mount shutting down) has
+// nothing left to register: its writer closes cleanly.
+func (n *bufferNode) flush(writable bool) syscall.Errno {
+	err := n.sync()
+	if err == nil || !writable || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) {
+		return 0
+	}
+	return toErrno(n.fsys.log, "flush", err)
 }
 
 func (n *bufferNode) fillAttr(out *fuse.Attr) {
@@ -81,18 +97,19 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 	if n.buf.Fd() < 0 {
 		return nil, 0, syscall.ENOENT
 	}
-	fh, fuseFlags := n.newHandle()
+	fh, fuseFlags := n.newHandle(flags)
 	return fh, fuseFlags, 0
 }
 
 // newHandle returns the one kind of handle this mount uses: passthrough,
 // or direct I/O in degraded mode. Mixing them on an inode makes the
 // kernel fail opens with EIO.
-func (n *bufferNode) newHandle() (fusefs.FileHandle, uint32) {
+func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32) {
+	h := handle{node: n, writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
 	if n.fsys.ZeroCopy {
-		return &passthroughHandle{node: n}, 0
+		return &passthroughHandle{h}, 0
 	}
-	return &directHandle{node: n}, fuse.FOPEN_DIRECT_IO
+	return &directHandle{h}, fuse.FOPEN_DIRECT_IO
 }
 
 func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {

@@ -10,11 +10,26 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
+// handle is what both kinds of open share.
+type handle struct {
+	node     *bufferNode
+	writable bool // opened for writing: flush reports registration failures
+}
+
+func (h *handle) Flush(ctx context.Context) syscall.Errno {
+	return h.node.flush(h.writable)
+}
+
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.node.sync()
+	return 0
+}
+
 // passthroughHandle hands the kernel the buffer's memfd: reads, writes and
 // mmap go to the registered pages without the daemon. Writes past EOF grow
 // the memfd unseen; flush and release learn the new size.
 type passthroughHandle struct {
-	node *bufferNode
+	handle
 }
 
 var (
@@ -28,21 +43,11 @@ func (h *passthroughHandle) PassthroughFd() (int, bool) {
 	return fd, fd >= 0
 }
 
-func (h *passthroughHandle) Flush(ctx context.Context) syscall.Errno {
-	h.node.sync()
-	return 0
-}
-
-func (h *passthroughHandle) Release(ctx context.Context) syscall.Errno {
-	h.node.sync()
-	return 0
-}
-
 // directHandle serves reads and writes through the daemon (degraded mode:
 // no passthrough). Opened with FOPEN_DIRECT_IO, so the kernel keeps no
 // stale copy and MAP_SHARED fails with ENODEV.
 type directHandle struct {
-	node *bufferNode
+	handle
 }
 
 var (
@@ -67,14 +72,4 @@ func (h *directHandle) Write(ctx context.Context, data []byte, off int64) (uint3
 	}
 	h.node.touch(true)
 	return uint32(n), 0
-}
-
-func (h *directHandle) Flush(ctx context.Context) syscall.Errno {
-	h.node.sync()
-	return 0
-}
-
-func (h *directHandle) Release(ctx context.Context) syscall.Errno {
-	h.node.sync()
-	return 0
 }
