@@ -1,0 +1,495 @@
+package verbstest
+
+import (
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+
+	"mrfs/verbs"
+)
+
+var page = os.Getpagesize()
+
+type testCase struct {
+	name string
+	run  func(t *testing.T, e *env)
+}
+
+var cases = []testCase{
+	{"Devices", testDevices},
+	{"OpenDefault", testOpenDefault},
+	{"OpenUnknown", testOpenUnknown},
+	{"Attr", testAttr},
+	{"PD", testPD},
+	{"RegDereg", testRegDereg},
+	{"RegUnaligned", testRegUnaligned},
+	{"AccessValid", testAccessValid},
+	{"AccessInvalid", testAccessInvalid},
+	{"AccessUnsupported", testAccessUnsupported},
+	{"LengthZero", testLengthZero},
+	{"Unmapped", testUnmapped},
+	{"DeregTwice", testDeregTwice},
+	{"DeallocBusy", testDeallocBusy},
+	{"Keys", testKeys},
+	{"KeyIndexCyclic", testKeyIndexCyclic},
+	{"Rereg", testRereg},
+	{"Pinning", testPinning},
+	{"MaxMR", testMaxMR},
+	{"Concurrent", testConcurrent},
+}
+
+func testDevices(t *testing.T, e *env) {
+	p := e.newProvider(t)
+	if p.Name() == "" {
+		t.Error("provider has no name")
+	}
+	devs, err := p.Devices()
+	if err != nil {
+		t.Fatalf("Devices: %v", err)
+	}
+	if len(devs) == 0 {
+		t.Fatal("Devices lists none")
+	}
+	seen := map[string]bool{}
+	for _, info := range devs {
+		if info.Name == "" || seen[info.Name] {
+			t.Errorf("device name %q is empty or listed twice", info.Name)
+		}
+		seen[info.Name] = true
+		dev, err := p.Open(info.Name)
+		if err != nil {
+			t.Fatalf("Open(%q): %v", info.Name, err)
+		}
+		if dev.Name() != info.Name {
+			t.Errorf("Open(%q).Name() = %q", info.Name, dev.Name())
+		}
+		if dev.Attr() != info.Attr {
+			t.Errorf("Open(%q).Attr() = %+v, Devices said %+v", info.Name, dev.Attr(), info.Attr)
+		}
+		if err := dev.Close(); err != nil {
+			t.Errorf("Close %q: %v", info.Name, err)
+		}
+	}
+}
+
+func testOpenDefault(t *testing.T, e *env) {
+	p := e.newProvider(t)
+	devs, err := p.Devices()
+	if err != nil || len(devs) == 0 {
+		t.Fatalf("Devices: %v, %d devices", err, len(devs))
+	}
+	dev, err := p.Open("")
+	if err != nil {
+		t.Fatalf("Open(\"\"): %v", err)
+	}
+	defer dev.Close()
+	if dev.Name() != devs[0].Name {
+		t.Errorf("Open(\"\") opened %q, want the first device %q", dev.Name(), devs[0].Name)
+	}
+}
+
+func testOpenUnknown(t *testing.T, e *env) {
+	dev, err := e.newProvider(t).Open("mrfs-no-such-device")
+	if err == nil {
+		dev.Close()
+		t.Fatal("Open of an unknown device succeeded")
+	}
+	WantErrno(t, err, syscall.ENODEV)
+}
+
+func testAttr(t *testing.T, e *env) {
+	e.open()
+	a := e.attr
+	if a.MaxMR <= 0 || a.MaxPD <= 0 {
+		t.Errorf("MaxMR %d, MaxPD %d: want > 0", a.MaxMR, a.MaxPD)
+	}
+	if a.MaxMRSize < uint64(page) {
+		t.Errorf("MaxMRSize %d is below one page", a.MaxMRSize)
+	}
+	if a.PageSizeCap&uint64(page) == 0 {
+		t.Errorf("PageSizeCap 0x%x lacks the system page size %d", a.PageSizeCap, page)
+	}
+	// Every device can do plain local and remote read/write.
+	if need := verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead; a.Access&need != need {
+		t.Errorf("Access %s lacks some of %s", a.Access, need)
+	}
+	if err := (a.Access | verbs.LocalWrite).Validate(); err != nil {
+		t.Errorf("Access %s has flags no kernel accepts: %v", a.Access, err)
+	}
+}
+
+func testPD(t *testing.T, e *env) {
+	e.open()
+	pd2 := e.allocPD()
+	if e.pd.Handle() == pd2.Handle() {
+		t.Errorf("two PDs share handle %d", pd2.Handle())
+	}
+	if err := pd2.Dealloc(); err != nil {
+		t.Errorf("Dealloc: %v", err)
+	}
+	if err := e.pd.Dealloc(); err != nil {
+		t.Errorf("Dealloc: %v", err)
+	}
+}
+
+func testRegDereg(t *testing.T, e *env) {
+	e.open()
+	const n = 64 << 10
+	addr, mem := Map(t, n)
+	a := verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead
+	mr := e.reg(e.pd, addr, n, a)
+	if mr.Addr() != addr || mr.IOVA() != uint64(addr) || mr.Length() != n || mr.Access() != a {
+		t.Errorf("region says addr 0x%x iova 0x%x length %d access %s; want 0x%x, 0x%x, %d, %s",
+			mr.Addr(), mr.IOVA(), mr.Length(), mr.Access(), addr, addr, n, a)
+	}
+	if mr.PD().Handle() != e.pd.Handle() {
+		t.Errorf("region in pd %d, want %d", mr.PD().Handle(), e.pd.Handle())
+	}
+	// Registered memory stays ordinary memory for the process.
+	mem[0], mem[n-1] = 1, 2
+	if mem[0] != 1 || mem[n-1] != 2 {
+		t.Error("registered memory does not keep writes")
+	}
+	if err := mr.Dereg(); err != nil {
+		t.Fatalf("Dereg: %v", err)
+	}
+}
+
+// The kernel requires no alignment: it pins the enclosing pages.
+func testRegUnaligned(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, 2*page)
+	mr := e.reg(e.pd, addr+100, uint64(page), verbs.LocalWrite)
+	if mr.Addr() != addr+100 || mr.Length() != uint64(page) {
+		t.Errorf("region 0x%x+%d, want 0x%x+%d", mr.Addr(), mr.Length(), addr+100, page)
+	}
+}
+
+// Access 0 (local read only) and remote_read alone are valid, as is every
+// flag the device lists (with local_write), except the two that change
+// what a registration means.
+func testAccessValid(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, page)
+	for _, a := range []verbs.Access{0, verbs.RemoteRead, verbs.LocalWrite} {
+		if err := e.reg(e.pd, addr, uint64(page), a).Dereg(); err != nil {
+			t.Errorf("Dereg: %v", err)
+		}
+	}
+	for bit := verbs.Access(1); bit != 0; bit <<= 1 {
+		if e.attr.Access&bit == 0 || bit == verbs.ZeroBased || bit == verbs.OnDemand {
+			continue
+		}
+		if err := e.reg(e.pd, addr, uint64(page), bit|verbs.LocalWrite).Dereg(); err != nil {
+			t.Errorf("Dereg: %v", err)
+		}
+	}
+}
+
+// ib_check_mr_access: remote write or atomic without local write, and
+// bits outside IB_ACCESS_SUPPORTED, are EINVAL.
+func testAccessInvalid(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, page)
+	for _, a := range []verbs.Access{
+		verbs.RemoteWrite,
+		verbs.RemoteAtomic,
+		verbs.RemoteWrite | verbs.RemoteRead,
+		verbs.LocalWrite | 1<<12,
+		verbs.LocalWrite | 1<<31,
+	} {
+		t.Run(a.String(), func(t *testing.T) {
+			e.regErr(e.pd, addr, uint64(page), a, syscall.EINVAL)
+		})
+	}
+}
+
+// Flags the device does not list are EOPNOTSUPP: on rxe that is
+// zero_based (the driver's filter) and on_demand without ODP (the core).
+func testAccessUnsupported(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, page)
+	tried := 0
+	for _, a := range []verbs.Access{verbs.ZeroBased, verbs.OnDemand} {
+		if e.attr.Access&a != 0 {
+			t.Logf("device supports %s; not checked", a)
+			continue
+		}
+		tried++
+		e.regErr(e.pd, addr, uint64(page), a|verbs.LocalWrite, syscall.EOPNOTSUPP)
+	}
+	if tried == 0 {
+		t.Skip("the device supports zero_based and on_demand")
+	}
+}
+
+func testLengthZero(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, page)
+	e.regErr(e.pd, addr, 0, verbs.LocalWrite, syscall.EINVAL)
+}
+
+// Pinning an unmapped page fails with EFAULT (gup's check_vma_flags).
+func testUnmapped(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, 3*page)
+	Unmap(t, addr+uintptr(page), page)
+	e.regErr(e.pd, addr, uint64(3*page), verbs.LocalWrite, syscall.EFAULT)
+}
+
+func testDeregTwice(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, page)
+	mr := e.reg(e.pd, addr, uint64(page), verbs.LocalWrite)
+	if err := mr.Dereg(); err != nil {
+		t.Fatalf("Dereg: %v", err)
+	}
+	WantErrno(t, mr.Dereg(), syscall.EINVAL)
+}
+
+// A PD that holds a region cannot be deallocated (pd->usecnt).
+func testDeallocBusy(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, page)
+	mr := e.reg(e.pd, addr, uint64(page), verbs.LocalWrite)
+	WantErrno(t, e.pd.Dealloc(), syscall.EBUSY)
+	if err := mr.Dereg(); err != nil {
+		t.Fatalf("Dereg: %v", err)
+	}
+	if err := e.pd.Dealloc(); err != nil {
+		t.Fatalf("Dealloc after Dereg: %v", err)
+	}
+}
+
+// Live regions have distinct keys; rxe-style keys carry a distinct
+// index in [1, MaxMR] above a byte, with lkey == rkey.
+func testKeys(t *testing.T, e *env) {
+	e.open()
+	n := min(16, e.attr.MaxMR)
+	addr, _ := Map(t, n*page)
+	lkeys, rkeys, idx := map[uint32]bool{}, map[uint32]bool{}, map[uint32]bool{}
+	for i := range n {
+		a := verbs.LocalWrite
+		if i%2 == 0 {
+			a |= verbs.RemoteRead | verbs.RemoteWrite
+		}
+		mr := e.reg(e.pd, addr+uintptr(i*page), uint64(page), a)
+		if lkeys[mr.LKey()] || rkeys[mr.RKey()] {
+			t.Errorf("region %d reuses a live key: lkey 0x%x rkey 0x%x", i, mr.LKey(), mr.RKey())
+		}
+		lkeys[mr.LKey()], rkeys[mr.RKey()] = true, true
+		if !e.opt.RxeKeys {
+			continue
+		}
+		if mr.LKey() != mr.RKey() {
+			t.Errorf("lkey 0x%x != rkey 0x%x", mr.LKey(), mr.RKey())
+		}
+		ix := mr.LKey() >> 8
+		if ix < 1 || ix > uint32(e.attr.MaxMR) || idx[ix] {
+			t.Errorf("key 0x%x: index %d is outside [1, %d] or reused", mr.LKey(), ix, e.attr.MaxMR)
+		}
+		idx[ix] = true
+	}
+}
+
+// rxe's index allocator is cyclic: a freed index is not handed out
+// again at once.
+func testKeyIndexCyclic(t *testing.T, e *env) {
+	if !e.opt.RxeKeys {
+		t.Skip("the provider does not promise rxe-style keys")
+	}
+	e.open()
+	if e.attr.MaxMR < 2 {
+		t.Skip("MaxMR < 2")
+	}
+	addr, _ := Map(t, page)
+	a := e.reg(e.pd, addr, uint64(page), verbs.LocalWrite)
+	ia := a.LKey() >> 8
+	if err := a.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	b := e.reg(e.pd, addr, uint64(page), verbs.LocalWrite)
+	if ib := b.LKey() >> 8; ib == ia {
+		t.Errorf("index %d reused at once after Dereg; rxe allocates cyclically", ia)
+	}
+}
+
+func testRereg(t *testing.T, e *env) {
+	e.open()
+	addr, _ := Map(t, 2*page)
+	mr := e.reg(e.pd, addr, uint64(page), verbs.LocalWrite)
+	type view struct {
+		lkey, rkey uint32
+		addr       uintptr
+		length     uint64
+		access     verbs.Access
+		pd         uint32
+	}
+	look := func() view {
+		return view{mr.LKey(), mr.RKey(), mr.Addr(), mr.Length(), mr.Access(), mr.PD().Handle()}
+	}
+	before := look()
+	if !e.attr.Rereg {
+		err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess, Access: verbs.LocalWrite | verbs.RemoteRead})
+		WantErrno(t, err, syscall.EOPNOTSUPP)
+		if now := look(); now != before {
+			t.Errorf("refused Rereg changed the region: %+v, was %+v", now, before)
+		}
+		if err := mr.Dereg(); err != nil {
+			t.Fatalf("Dereg after refused Rereg: %v", err)
+		}
+		return
+	}
+	checkKeys := func(old view) {
+		t.Helper()
+		now := look()
+		if e.opt.ReregNewKeys && (now.lkey == old.lkey || now.rkey == old.rkey) {
+			t.Errorf("keys did not change: lkey 0x%x rkey 0x%x", now.lkey, now.rkey)
+		}
+		if e.opt.RxeKeys && now.lkey != now.rkey {
+			t.Errorf("lkey 0x%x != rkey 0x%x", now.lkey, now.rkey)
+		}
+	}
+
+	t.Run("Access", func(t *testing.T) {
+		old := look()
+		want := verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite
+		if err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess, Access: want}); err != nil {
+			t.Fatalf("Rereg access: %v", err)
+		}
+		if mr.Access() != want || mr.Addr() != old.addr || mr.Length() != old.length {
+			t.Errorf("after Rereg: %+v", look())
+		}
+		checkKeys(old)
+	})
+	t.Run("Translation", func(t *testing.T) {
+		old := look()
+		if err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregTranslation, Addr: addr + 100, Length: uint64(page)}); err != nil {
+			t.Fatalf("Rereg translation: %v", err)
+		}
+		if mr.Addr() != addr+100 || mr.IOVA() != uint64(addr+100) || mr.Length() != uint64(page) {
+			t.Errorf("after Rereg: %+v", look())
+		}
+		checkKeys(old)
+	})
+	t.Run("PD", func(t *testing.T) {
+		old := look()
+		pd2 := e.allocPD()
+		if err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregPD, PD: pd2}); err != nil {
+			t.Fatalf("Rereg pd: %v", err)
+		}
+		if mr.PD().Handle() != pd2.Handle() {
+			t.Errorf("region in pd %d, want %d", mr.PD().Handle(), pd2.Handle())
+		}
+		checkKeys(old)
+		// The region counts against its new PD only.
+		WantErrno(t, pd2.Dealloc(), syscall.EBUSY)
+		if err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregPD, PD: e.pd}); err != nil {
+			t.Fatalf("Rereg back: %v", err)
+		}
+		if err := pd2.Dealloc(); err != nil {
+			t.Errorf("Dealloc of the PD the region left: %v", err)
+		}
+	})
+	t.Run("Invalid", func(t *testing.T) {
+		old := look()
+		for _, args := range []verbs.ReregArgs{
+			{Flags: 0},
+			{Flags: 1 << 5},
+			{Flags: verbs.ReregAccess, Access: verbs.RemoteWrite},
+			{Flags: verbs.ReregTranslation, Addr: addr, Length: 0},
+		} {
+			WantErrno(t, mr.Rereg(args), syscall.EINVAL)
+			if e.opt.ReregKeepsOnError {
+				if now := look(); now != old {
+					t.Errorf("failed Rereg %+v changed the region: %+v, was %+v", args, now, old)
+				}
+			}
+		}
+	})
+	if err := mr.Dereg(); err != nil {
+		t.Fatalf("Dereg after Rereg: %v", err)
+	}
+	WantErrno(t, mr.Dereg(), syscall.EINVAL)
+}
+
+// A registration holds its whole enclosing pages while it lives.
+func testPinning(t *testing.T, e *env) {
+	if e.opt.PinField == "" {
+		t.Skip("the provider states no /proc/self/status field for pinned pages")
+	}
+	e.open()
+	addr, _ := Map(t, 4*page)
+	base := statusKB(t, e.opt.PinField)
+	mr := e.reg(e.pd, addr+100, uint64(2*page), verbs.LocalWrite) // touches 3 pages
+	want := base + uint64(3*page)/1024
+	if got := statusKB(t, e.opt.PinField); got != want {
+		t.Errorf("%s %d kB while registered, want %d kB", e.opt.PinField, got, want)
+	}
+	if err := mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	if got := statusKB(t, e.opt.PinField); got != base {
+		t.Errorf("%s %d kB after Dereg, want %d kB", e.opt.PinField, got, base)
+	}
+}
+
+// Past max_mr regions, registration fails with EINVAL (rxe's pool) and
+// works again once one is freed.
+func testMaxMR(t *testing.T, e *env) {
+	e.open()
+	if e.attr.MaxMR > e.opt.MaxExhaust {
+		t.Skipf("MaxMR %d is too large to fill quickly (limit %d); covered by providers with a small MaxMR", e.attr.MaxMR, e.opt.MaxExhaust)
+	}
+	addr, _ := Map(t, page)
+	mrs := make([]verbs.MR, 0, e.attr.MaxMR)
+	for range e.attr.MaxMR {
+		mrs = append(mrs, e.reg(e.pd, addr, uint64(page), 0))
+	}
+	e.regErr(e.pd, addr, uint64(page), 0, syscall.EINVAL)
+	if err := mrs[len(mrs)/2].Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	e.reg(e.pd, addr, uint64(page), 0)
+	e.regErr(e.pd, addr, uint64(page), 0, syscall.EINVAL)
+}
+
+// Verbs calls are thread-safe; concurrent registrations get distinct keys.
+func testConcurrent(t *testing.T, e *env) {
+	e.open()
+	const rounds = 50
+	workers := min(8, e.attr.MaxMR)
+	addr, _ := Map(t, workers*page)
+	var mu sync.Mutex
+	live := map[uint32]bool{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for range rounds {
+				mr, err := e.pd.RegMR(addr+uintptr(w*page), uint64(page), verbs.LocalWrite|verbs.RemoteRead)
+				if err != nil {
+					t.Errorf("RegMR: %v", err)
+					return
+				}
+				k := mr.RKey()
+				mu.Lock()
+				if live[k] {
+					t.Errorf("rkey 0x%x given to two live regions", k)
+				}
+				live[k] = true
+				mu.Unlock()
+				// Forget the key while it is still registered, so no
+				// other region can have taken it yet.
+				mu.Lock()
+				delete(live, k)
+				mu.Unlock()
+				if err := mr.Dereg(); err != nil {
+					t.Errorf("Dereg: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

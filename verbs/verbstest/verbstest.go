@@ -1,0 +1,202 @@
+// Package verbstest is the conformance suite for verbs.Provider. Every
+// backend runs it: verbs/soft in its tests, and verbs/ibv against a real
+// device (rxe in a VM). So each case checks a fact about verbs (the
+// kernel's and libibverbs' behaviour, or the verbs package's contract),
+// never a detail of one backend; what legitimately differs between
+// providers is read from DeviceAttr or stated in Options.
+//
+// The suite registers memory and reads /proc/self/status, so run it in a
+// test that is not parallel with other tests that pin memory.
+package verbstest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/verbs"
+)
+
+// Options state what a provider promises beyond the verbs contract.
+type Options struct {
+	// RxeKeys: keys are index<<8 | one byte with lkey == rkey, and the
+	// index comes from a cyclic allocator over [1, MaxMR] (rxe, soft).
+	RxeKeys bool
+	// PinField is the /proc/self/status field that grows by a region's
+	// whole pages while it is registered: "VmPin" where the kernel pins
+	// (pinned_vm: real devices), "VmLck" where pages are mlocked (soft).
+	// "" skips the check.
+	PinField string
+	// ReregNewKeys: a successful Rereg always gives new keys (soft; mlx5
+	// when it recreates). Without it the suite only checks keys stay
+	// consistent.
+	ReregNewKeys bool
+	// ReregKeepsOnError: a Rereg refused for bad arguments leaves the
+	// region exactly as it was. Without it the suite only checks that the
+	// region can still be deregistered (ibv_rereg_mr's ERR_CMD).
+	ReregKeepsOnError bool
+	// MaxExhaust is the largest MaxMR the suite fills to check that one
+	// more registration fails; 0 means 4096. Larger devices skip it.
+	MaxExhaust int
+}
+
+// DefaultOptions infers Options from a provider: the soft backend
+// promises everything; rxe devices (names starting "rxe") promise rxe
+// keys and pin in VmPin; anything else gets only the contract.
+func DefaultOptions(p verbs.Provider) Options {
+	if p.Name() == "soft" {
+		return Options{RxeKeys: true, PinField: "VmLck", ReregNewKeys: true, ReregKeepsOnError: true}
+	}
+	if devs, err := p.Devices(); err == nil && len(devs) > 0 && strings.HasPrefix(devs[0].Name, "rxe") {
+		return Options{RxeKeys: true, PinField: "VmPin"}
+	}
+	return Options{}
+}
+
+// Run runs the suite with DefaultOptions. newProvider is called once per
+// subtest and must return a fresh provider.
+func Run(t *testing.T, newProvider func(t *testing.T) verbs.Provider) {
+	t.Helper()
+	RunWith(t, newProvider, DefaultOptions(newProvider(t)))
+}
+
+// RunWith runs the suite with explicit options.
+func RunWith(t *testing.T, newProvider func(t *testing.T) verbs.Provider, opt Options) {
+	t.Helper()
+	if opt.MaxExhaust == 0 {
+		opt.MaxExhaust = 4096
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.run(t, &env{t: t, newProvider: newProvider, opt: opt})
+		})
+	}
+}
+
+// env gives a case a provider, an open device and one PD, all released
+// when the case ends.
+type env struct {
+	t           *testing.T
+	newProvider func(t *testing.T) verbs.Provider
+	opt         Options
+	p           verbs.Provider
+	dev         verbs.Device
+	attr        verbs.DeviceAttr
+	pd          verbs.PD
+}
+
+// open opens the default device and allocates a PD.
+func (e *env) open() {
+	e.t.Helper()
+	e.p = e.newProvider(e.t)
+	dev, err := e.p.Open("")
+	if err != nil {
+		e.t.Fatalf("Open(\"\"): %v", err)
+	}
+	e.t.Cleanup(func() { dev.Close() })
+	e.dev, e.attr = dev, dev.Attr()
+	e.pd = e.allocPD()
+}
+
+func (e *env) allocPD() verbs.PD {
+	e.t.Helper()
+	pd, err := e.dev.AllocPD()
+	if err != nil {
+		e.t.Fatalf("AllocPD: %v", err)
+	}
+	e.t.Cleanup(func() { pd.Dealloc() })
+	return pd
+}
+
+// reg registers and fails the test on error; the region is deregistered
+// at cleanup if the test has not done it.
+func (e *env) reg(pd verbs.PD, addr uintptr, n uint64, a verbs.Access) verbs.MR {
+	e.t.Helper()
+	mr, err := pd.RegMR(addr, n, a)
+	if err != nil {
+		e.t.Fatalf("RegMR(0x%x, %d, %s): %v", addr, n, a, err)
+	}
+	e.t.Cleanup(func() { mr.Dereg() })
+	return mr
+}
+
+// regErr registers expecting errno want.
+func (e *env) regErr(pd verbs.PD, addr uintptr, n uint64, a verbs.Access, want syscall.Errno) {
+	e.t.Helper()
+	mr, err := pd.RegMR(addr, n, a)
+	if err == nil {
+		mr.Dereg()
+		e.t.Fatalf("RegMR(0x%x, %d, %q) succeeded, want %v", addr, n, a, want)
+	}
+	WantErrno(e.t, err, want)
+}
+
+// WantErrno fails t unless err wraps want.
+func WantErrno(t testing.TB, err error, want syscall.Errno) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("error %v (errno %d), want %v (%d)", err, verbs.Errno(err), want, want)
+	}
+}
+
+// Map returns n bytes of a fresh memfd mapped MAP_SHARED, the memory
+// mrfs registers; it is unmapped when the test ends. Call it before
+// registering, so that the region is deregistered before the unmap.
+func Map(t testing.TB, n int) (uintptr, []byte) {
+	t.Helper()
+	fd, err := unix.MemfdCreate("verbstest", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatalf("memfd_create: %v", err)
+	}
+	defer unix.Close(fd) // the mapping keeps the file
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		t.Fatalf("ftruncate: %v", err)
+	}
+	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap %d bytes: %v", n, err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return uintptr(unsafe.Pointer(&b[0])), b
+}
+
+// Unmap unmaps part of a mapping from Map, to make a hole.
+func Unmap(t testing.TB, addr uintptr, n int) {
+	t.Helper()
+	if _, _, e := unix.Syscall(unix.SYS_MUNMAP, addr, uintptr(n), 0); e != 0 {
+		t.Fatalf("munmap 0x%x+%d: %v", addr, n, e)
+	}
+}
+
+// StatusKB reads a "kB" field such as VmLck from /proc/self/status.
+func StatusKB(field string) (uint64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), field+":"); ok {
+			return strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/self/status", field)
+}
+
+func statusKB(t testing.TB, field string) uint64 {
+	t.Helper()
+	v, err := StatusKB(field)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
