@@ -155,8 +155,34 @@ func (b *Buffer) Sync() error {
 	return b.syncLocked()
 }
 
-// syncLocked brings the registration in line with the memfd's size.
+// syncLocked brings the registration in line with the memfd's size,
+// trying again when a client changes it meanwhile.
 func (b *Buffer) syncLocked() error {
+	var err error
+	for i := range maxRetries {
+		if err = b.syncOnceLocked(i == maxRetries-1); !errors.Is(err, errRaced) {
+			break
+		}
+	}
+	return err
+}
+
+// syncedLocked runs op after a syncLocked, again when a client shrinking
+// the memfd made op fail (op leaves the buffer as it was then).
+func (b *Buffer) syncedLocked(op func() error) error {
+	var err error
+	for range maxRetries {
+		_ = b.syncLocked() // a failure leaves a consistent state for op
+		if err = op(); !errors.Is(err, errRaced) {
+			break
+		}
+	}
+	return err
+}
+
+// syncOnceLocked makes one attempt. After errRaced the buffer is as
+// before, unless final: then it is Unregistered.
+func (b *Buffer) syncOnceLocked(final bool) error {
 	cur, err := memfdSize(b.fd)
 	if err != nil {
 		return err
@@ -173,7 +199,6 @@ func (b *Buffer) syncLocked() error {
 		}
 		return nil
 	case b.state != Registered:
-		b.size = cur
 		err = b.mapAndRegisterLocked(cur)
 	case cur > b.size:
 		err = b.growLocked(cur)
@@ -187,6 +212,10 @@ func (b *Buffer) syncLocked() error {
 		return nil
 	}
 	err = fmt.Errorf("sync to %s: %w", formatSize(cur), err)
+	if errors.Is(err, errRaced) && !final {
+		// Nothing changed yet; the caller fstats again.
+		return err
+	}
 	if uerr := b.unregisterLocked(cur, err); uerr != nil {
 		return errors.Join(err, uerr)
 	}
@@ -222,9 +251,8 @@ func (b *Buffer) Resize(size uint64) error {
 		return fmt.Errorf("resize: %w", b.gone)
 	}
 	// Start from the size the kernel has: a client may have changed it.
-	// A failure here leaves the buffer Unregistered, which resizing fixes.
-	_ = b.syncLocked()
-	if err := b.resizeLocked(size); err != nil {
+	// A failure there leaves the buffer Unregistered, which resizing fixes.
+	if err := b.syncedLocked(func() error { return b.resizeLocked(size) }); err != nil {
 		return fmt.Errorf("resize to %s: %w", formatSize(size), err)
 	}
 	return nil
@@ -298,7 +326,7 @@ func (b *Buffer) mapAndRegisterLocked(size uint64) error {
 	if err != nil {
 		return err
 	}
-	mr, err := b.m.regMR(b.dom.pd, b.dom.handle, uintptr(mp.base), size, 0, b.access)
+	mr, err := b.m.regMR(b.fd, b.dom.pd, b.dom.handle, uintptr(mp.base), size, 0, b.access)
 	if err != nil {
 		mp.unmap()
 		return err
@@ -352,7 +380,7 @@ func (b *Buffer) replaceLocked(addr uintptr, length uint64, d *Domain, a verbs.A
 	if b.mr != nil {
 		oldLen = b.mr.Length()
 	}
-	mr, err := b.m.regMR(d.pd, d.handle, addr, length, oldLen, a)
+	mr, err := b.m.regMR(b.fd, d.pd, d.handle, addr, length, oldLen, a)
 	if err != nil {
 		return err
 	}
@@ -403,16 +431,17 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 	if b.gone != nil {
 		return fmt.Errorf("set access: %w", b.gone)
 	}
-	_ = b.syncLocked() // register what the file holds now
-	if b.state != Registered {
-		b.access = a
-		return nil
-	}
-	// Register anew, then deregister the old region, rather than
-	// MR.Rereg: a failed ibv_rereg_mr (ERR_CMD) leaves the region
-	// unusable, which would break "a failed call changes nothing", and
-	// this order also guarantees that the old keys die.
-	if err := b.replaceLocked(uintptr(b.mp.base), b.size, b.dom, a); err != nil {
+	err := b.syncedLocked(func() error {
+		if b.state != Registered {
+			return nil // stored for the next registration
+		}
+		// Register anew, then deregister the old region, rather than
+		// MR.Rereg: a failed ibv_rereg_mr (ERR_CMD) leaves the region
+		// unusable, which would break "a failed call changes nothing",
+		// and this order also guarantees that the old keys die.
+		return b.replaceLocked(uintptr(b.mp.base), b.size, b.dom, a)
+	})
+	if err != nil {
 		return fmt.Errorf("set access %s: %w", a, err)
 	}
 	b.access = a
@@ -443,14 +472,17 @@ func (b *Buffer) Move(d *Domain) error {
 	if err != nil {
 		return fmt.Errorf("move to pd %d: %w", d.handle, err)
 	}
-	_ = b.syncLocked()
-	if b.state == Registered {
-		if err := b.replaceLocked(uintptr(b.mp.base), b.size, d, b.access); err != nil {
-			m.mu.Lock()
-			d.nbuf--
-			m.mu.Unlock()
-			return fmt.Errorf("move to pd %d: %w", d.handle, err)
+	err = b.syncedLocked(func() error {
+		if b.state != Registered {
+			return nil
 		}
+		return b.replaceLocked(uintptr(b.mp.base), b.size, d, b.access)
+	})
+	if err != nil {
+		m.mu.Lock()
+		d.nbuf--
+		m.mu.Unlock()
+		return fmt.Errorf("move to pd %d: %w", d.handle, err)
 	}
 	m.mu.Lock()
 	b.dom.nbuf--
@@ -498,12 +530,16 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	if b.gone != nil {
 		return 0, fmt.Errorf("write: %w", b.gone)
 	}
-	_ = b.syncLocked()
-	old := b.size
-	if end := uint64(off) + uint64(len(p)); end > old {
-		if err := b.resizeLocked(end); err != nil {
-			return 0, fmt.Errorf("write %d bytes at %d: %w", len(p), off, err)
+	var old uint64
+	err := b.syncedLocked(func() error {
+		old = b.size
+		if end := uint64(off) + uint64(len(p)); end > old {
+			return b.resizeLocked(end)
 		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("write %d bytes at %d: %w", len(p), off, err)
 	}
 	n, err := unix.Pwrite(b.fd, p, off)
 	if err != nil {
@@ -526,12 +562,16 @@ func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 	if b.gone != nil {
 		return fmt.Errorf("fallocate: %w", b.gone)
 	}
-	_ = b.syncLocked()
-	old := b.size
-	if end := off + length; mode&unix.FALLOC_FL_KEEP_SIZE == 0 && end > old {
-		if err := b.resizeLocked(end); err != nil {
-			return fmt.Errorf("fallocate %d bytes at %d: %w", length, off, err)
+	var old uint64
+	err := b.syncedLocked(func() error {
+		old = b.size
+		if end := off + length; mode&unix.FALLOC_FL_KEEP_SIZE == 0 && end > old {
+			return b.resizeLocked(end)
 		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("fallocate %d bytes at %d: %w", length, off, err)
 	}
 	if err := unix.Fallocate(b.fd, mode, int64(off), int64(length)); err != nil {
 		if b.size != old {

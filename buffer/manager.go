@@ -221,10 +221,20 @@ func (m *Manager) charge(oldLen, newLen uint64, check bool) error {
 	return nil
 }
 
-// regMR registers [addr, addr+length) in pd, charging the limits with the
-// net change from a current region of oldLen bytes. It classifies a
-// device refusal (RLIMIT_MEMLOCK, max_mr) for the log and Info.Reason.
-func (m *Manager) regMR(pd verbs.PD, pdNum uint32, addr uintptr, length, oldLen uint64, a verbs.Access) (verbs.MR, error) {
+// errRaced says a client truncated the memfd below the range being
+// registered while it was registered: pinning pages past EOF fails, and
+// that failure says nothing about the device or a limit. Callers learn
+// the new size and try again.
+var errRaced = fmt.Errorf("memfd shrank during registration: %w", syscall.EAGAIN)
+
+// maxRetries bounds the retries after errRaced.
+const maxRetries = 3
+
+// regMR registers [addr, addr+length) of fd's mapping in pd, charging
+// the limits with the net change from a current region of oldLen bytes.
+// It classifies a device refusal (RLIMIT_MEMLOCK, max_mr) for the log
+// and Info.Reason, unless the memfd shrank meanwhile (errRaced).
+func (m *Manager) regMR(fd int, pd verbs.PD, pdNum uint32, addr uintptr, length, oldLen uint64, a verbs.Access) (verbs.MR, error) {
 	if err := m.charge(oldLen, length, true); err != nil {
 		return nil, fmt.Errorf("register %s in pd %d: %w", formatSize(length), pdNum, err)
 	}
@@ -234,7 +244,11 @@ func (m *Manager) regMR(pd verbs.PD, pdNum uint32, addr uintptr, length, oldLen 
 	if err != nil {
 		m.pinned = m.pinned - pageRound(length) + pageRound(oldLen)
 		m.registered = m.registered - length + oldLen
-		err = m.classifyLocked(err, length)
+		if cur, serr := memfdSize(fd); serr == nil && cur < length {
+			err = fmt.Errorf("%w (to %s): %w", errRaced, formatSize(cur), err)
+		} else {
+			err = m.classifyLocked(err, length)
+		}
 		return nil, fmt.Errorf("register %s in pd %d: %w", formatSize(length), pdNum, err)
 	}
 	m.regions++
