@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -319,6 +320,49 @@ func TestCloseReleases(t *testing.T) {
 	defer dev2.Close()
 	pd2, _ := dev2.AllocPD()
 	reg(t, pd2, addr, 4096, 0)
+}
+
+// Concurrent registrations, reregs and deregs over shared pages leave
+// nothing locked once all are gone.
+func TestConcurrentOverlap(t *testing.T) {
+	dev, pd := open(t, Options{MaxMR: 32})
+	pd2, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := verbstest.Map(t, 16*4096)
+	base := vmLck(t)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for range 200 {
+				off := uintptr(rng.IntN(8) * 4096)
+				mr, err := pd.RegMR(addr+off, uint64(1+rng.IntN(8*4096)), verbs.LocalWrite)
+				if err != nil {
+					t.Errorf("RegMR: %v", err)
+					return
+				}
+				err = mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregTranslation | verbs.ReregPD,
+					PD: pd2, Addr: addr + uintptr(rng.IntN(8)*4096), Length: uint64(1 + rng.IntN(8*4096))})
+				if err != nil {
+					t.Errorf("Rereg: %v", err)
+				}
+				if err := mr.Dereg(); err != nil {
+					t.Errorf("Dereg: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := vmLck(t); got != base {
+		t.Errorf("VmLck %d, want %d", got, base)
+	}
+	pins.mu.Lock()
+	defer pins.mu.Unlock()
+	if len(pins.refs.segs) != 0 {
+		t.Errorf("page refs left: %v", pins.refs.segs)
+	}
 }
 
 // pageRefs against a page-by-page model.
