@@ -10,7 +10,9 @@
 //
 // Locking: each device has one mutex (device.mu) for its PDs, regions and
 // index pool; pinning has one process-wide mutex (pins.mu). Lock order is
-// device.mu, then pins.mu. mlock of a large region runs without device.mu.
+// device.mu, then pins.mu. mlock runs without device.mu but under pins.mu,
+// so pinning is serialized process-wide: a page must not be unlocked by
+// one region's Dereg while another region is locking it.
 package soft
 
 import (
