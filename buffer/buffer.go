@@ -555,7 +555,9 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 
 // Allocate is fallocate(2) on the memfd, then a Sync. When it extends
 // the file (mode without FALLOC_FL_KEEP_SIZE), the buffer is resized
-// first, so a limit fails cleanly before anything is allocated.
+// first, so a limit fails cleanly before anything is allocated. After
+// FALLOC_FL_PUNCH_HOLE the buffer is registered anew (keys change), since
+// the old region pins the pages the hole removed from the file.
 func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -581,7 +583,18 @@ func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 		}
 		return fmt.Errorf("fallocate memfd mode 0x%x: %w", mode, err)
 	}
-	return b.syncLocked()
+	if err := b.syncLocked(); err != nil {
+		return err
+	}
+	if mode&unix.FALLOC_FL_PUNCH_HOLE != 0 && b.state == Registered {
+		// The hole's pages left the memfd, but the region still pins
+		// them: the device would write where no mapping looks. Register
+		// the pages the file holds now (new keys), then drop the old.
+		if err := b.replaceLocked(uintptr(b.mp.base), b.size, b.dom, b.access); err != nil {
+			return fmt.Errorf("re-register after punching a hole: %w", err)
+		}
+	}
+	return nil
 }
 
 // Free deregisters the region (remote access ends at once), then unmaps

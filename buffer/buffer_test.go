@@ -623,12 +623,18 @@ func TestReadWriteAllocate(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(t, e, b, 4*page, buffer.Registered)
+	punched := b.MR()
 	if err := b.Allocate(0, page, unix.FALLOC_FL_KEEP_SIZE|unix.FALLOC_FL_PUNCH_HOLE); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.Mem()[:6]; !bytes.Equal(got, make([]byte, 6)) {
 		t.Fatalf("punched hole reads %q", got)
 	}
+	if b.MR() == punched {
+		t.Fatal("a punched hole kept the region that pins the removed pages")
+	}
+	deadMR(t, punched)
+	check(t, e, b, 4*page, buffer.Registered)
 	errnoIs(t, b.Allocate(0, 9*page, 0), syscall.ENOSPC)
 	check(t, e, b, 4*page, buffer.Registered)
 	errnoIs(t, b.Allocate(0, page, unix.FALLOC_FL_ZERO_RANGE), syscall.EOPNOTSUPP)
