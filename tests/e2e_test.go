@@ -1,0 +1,223 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sessionScript is the issue's shell session, made checkable. $M is the
+// mountpoint, $CFG the config, $W a scratch dir. The python step maps rx,
+// writes through the mapping and checks its pages are the daemon's.
+const sessionScript = `
+mrfs mount --config "$CFG" "$M" 2>"$W/daemon.log" &
+pid=$!
+trap 'kill -INT $pid 2>/dev/null || true' EXIT
+ready=
+for i in $(seq 200); do
+  kill -0 $pid
+  if grep -q " $M " /proc/self/mountinfo && getfattr -n user.mrfs.stats "$M" >/dev/null 2>&1; then ready=1; break; fi
+  sleep 0.05
+done
+test -n "$ready"
+x() { getfattr --only-values -n "user.mrfs.$1" "$2"; }
+
+truncate -s 4M "$M/rx"
+getfattr -d "$M/rx" > "$W/rx.attrs"
+for a in lkey rkey addr length access device pd state zero_copy desc; do
+  grep -q "^user.mrfs.$a=" "$W/rx.attrs" || { echo "getfattr -d lacks $a"; cat "$W/rx.attrs"; exit 1; }
+done
+grep -qx 'user.mrfs.length="4194304"' "$W/rx.attrs"
+grep -qx 'user.mrfs.state="registered"' "$W/rx.attrs"
+grep -qx 'user.mrfs.device="soft0"' "$W/rx.attrs"
+grep -qx 'user.mrfs.access="local_write"' "$W/rx.attrs"
+
+old=$(x rkey "$M/rx")
+setfattr -n user.mrfs.access -v local_write,remote_write "$M/rx"
+test "$(x access "$M/rx")" = local_write,remote_write
+test "$(x rkey "$M/rx")" != "$old"
+
+getfattr -d "$M/rx" > "$W/before"
+if setfattr -n user.mrfs.access -v remote_write "$M/rx" 2>"$W/err"; then echo "remote_write alone was accepted"; exit 1; fi
+grep -q "Invalid argument" "$W/err"
+getfattr -d "$M/rx" > "$W/after"
+cmp "$W/before" "$W/after"
+
+echo hello > "$M/msg" && cat "$M/msg" > "$W/cat.out"
+test "$(cat "$W/cat.out")" = hello
+test "$(stat -c %s "$M/msg")" = 6
+test "$(x length "$M/msg")" = 6
+test "$(x state "$M/msg")" = registered
+
+cp /bin/ls "$M/" && cmp /bin/ls "$M/ls"
+
+python3 - "$M/rx" $pid <<'EOF'
+import ctypes, mmap, os, struct, sys
+path, dpid = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_RDWR)
+m = mmap.mmap(fd, 4 << 20, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+m[1 << 20:(1 << 20) + 11] = b"from python"
+anchor = ctypes.c_char.from_buffer(m)
+base = ctypes.addressof(anchor)
+addr = int(os.getxattr(path, "user.mrfs.addr").decode(), 16)
+ps = mmap.PAGESIZE
+def pfn(pid, va):
+    with open("/proc/%d/pagemap" % pid, "rb") as f:
+        f.seek(va // ps * 8)
+        e = struct.unpack("<Q", f.read(8))[0]
+    return e & ((1 << 55) - 1) if e >> 63 else None
+for off in (0, 1 << 20, (4 << 20) - ps):
+    m[off] = m[off]
+    c, d = pfn(os.getpid(), base + off), pfn(dpid, addr + off)
+    if not c or c != d:
+        sys.exit("offset %#x: client pfn %s, daemon pfn %s: not the registered pages" % (off, c, d))
+del anchor
+m.close()
+os.close(fd)
+EOF
+test "$(dd if="$M/rx" bs=1 skip=1048576 count=11 status=none)" = "from python"
+
+mkdir "$M/tenant"
+test "$(x pd "$M/tenant")" != "$(x pd "$M")"
+oldk=$(x rkey "$M/msg")
+mv "$M/msg" "$M/tenant/"
+test "$(x pd "$M/tenant/msg")" = "$(x pd "$M/tenant")"
+test "$(x rkey "$M/tenant/msg")" != "$oldk"
+test "$(cat "$M/tenant/msg")" = hello
+
+buffers() { x stats "$M" | python3 -c 'import json, sys; print(json.load(sys.stdin)["buffers"])'; }
+n=$(buffers)
+rm "$M/rx"
+test "$(buffers)" = $((n - 1))
+test ! -e "$M/rx"
+
+mrfs status "$M" > "$W/status.out"
+grep -q ls "$W/status.out"
+grep -q msg "$W/status.out"
+if grep -qw rx "$W/status.out"; then echo "status still lists rx"; exit 1; fi
+
+kill -INT %1
+wait %1
+trap - EXIT
+echo session-ok
+`
+
+// TestShellSession runs the issue's session through bash with set -e (and -x
+// for the trace on failure).
+func TestShellSession(t *testing.T) {
+	t.Parallel()
+	requireMountEnv(t)
+	w := t.TempDir()
+	m := filepath.Join(w, "mr")
+	if err := os.Mkdir(m, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(w, "config.toml")
+	if err := os.WriteFile(cfg, []byte(daemonConfig{}.toml()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if isMounted(m) {
+			t.Errorf("%s still mounted after the session", m)
+			_ = exec.Command("umount", "-l", m).Run()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", "set -ex\n"+sessionScript)
+	cmd.Env = append(os.Environ(), "M="+m, "CFG="+cfg, "W="+w)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if err != nil || !strings.Contains(out.String(), "session-ok") {
+		log, _ := os.ReadFile(filepath.Join(w, "daemon.log"))
+		status, _ := os.ReadFile(filepath.Join(w, "status.out"))
+		t.Fatalf("session failed: %v\nstdout:\n%s\ntrace (last lines):\n%s\nmrfs status:\n%s\ndaemon log:\n%s",
+			err, out.String(), tail(errb.String(), 40), status, tail(string(log), 40))
+	}
+	// wait %1 returned 0 (set -e): the daemon exited 0 after kill -INT.
+	if isMounted(m) {
+		t.Errorf("%s still mounted after kill -INT", m)
+	}
+}
+
+// TestCLIVersionDevices: `mrfs version` and `mrfs devices`.
+func TestCLIVersionDevices(t *testing.T) {
+	t.Parallel()
+	requireMountEnv(t)
+	out := mustRun(t, mrfsBin, "version")
+	if strings.TrimSpace(out) == "" {
+		t.Errorf("mrfs version printed nothing")
+	}
+	out = mustRun(t, mrfsBin, "devices")
+	if !strings.Contains(out, "soft0") || !strings.Contains(strings.ToLower(out), "max_mr") {
+		t.Errorf("mrfs devices lacks soft0 / max_mr:\n%s", out)
+	}
+}
+
+// TestCLIUsageAndConfigErrors: usage and config errors exit 2, say what is
+// wrong, and mount nothing.
+func TestCLIUsageAndConfigErrors(t *testing.T) {
+	t.Parallel()
+	requireMountEnv(t)
+	dir := t.TempDir()
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeCfg := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	unknownKey := writeCfg("unknown.toml", "[buffers]\nbogus_key = 1\n")
+	badSize := writeCfg("badsize.toml", "[buffers]\nmax_pinned = \"12 parsecs\"\n")
+	badBackend := writeCfg("badbackend.toml", "[verbs]\nbackend = \"nonsense\"\n")
+	badSyntax := writeCfg("syntax.toml", "[buffers\n")
+	for _, c := range []struct {
+		name    string
+		args    []string
+		mention string
+	}{
+		{"no args", nil, ""},
+		{"unknown subcommand", []string{"frobnicate"}, "frobnicate"},
+		{"mount without mountpoint", []string{"mount"}, ""},
+		{"mount with an unknown flag", []string{"mount", "--no-such-flag", mnt}, "no-such-flag"},
+		{"mount with a bad --backend", []string{"mount", "--backend", "nonsense", mnt}, "nonsense"},
+		{"unknown config key", []string{"mount", "--config", unknownKey, mnt}, "bogus_key"},
+		{"bad size", []string{"mount", "--config", badSize, mnt}, "max_pinned"},
+		{"bad backend in config", []string{"mount", "--config", badBackend, mnt}, "nonsense"},
+		{"config syntax error", []string{"mount", "--config", badSyntax, mnt}, ""},
+		{"missing config file", []string{"mount", "--config", filepath.Join(dir, "absent.toml"), mnt}, "absent.toml"},
+		{"status without mountpoint", []string{"status"}, ""},
+		{"umount without mountpoint", []string{"umount"}, ""},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cmd := exec.CommandContext(ctx, mrfsBin, c.args...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		cancel()
+		if isMounted(mnt) {
+			t.Errorf("%s: mrfs %v mounted %s", c.name, c.args, mnt)
+			_ = exec.Command("umount", "-l", mnt).Run()
+		}
+		if code := exitCode(err); code != 2 {
+			t.Errorf("%s: mrfs %v exited %d (%v), want 2; stderr: %s", c.name, c.args, code, err, stderr.String())
+			continue
+		}
+		if strings.TrimSpace(stderr.String()) == "" {
+			t.Errorf("%s: mrfs %v exited 2 with nothing on stderr", c.name, c.args)
+		}
+		if c.mention != "" && !strings.Contains(stderr.String(), c.mention) {
+			t.Errorf("%s: stderr does not name %q: %s", c.name, c.mention, stderr.String())
+		}
+	}
+}

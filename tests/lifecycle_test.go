@@ -1,0 +1,161 @@
+package tests
+
+import (
+	"errors"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+var teardownLogRe = regexp.MustCompile(`(?i)(unmount|teardown|tear down|shut ?down|deregist|stopp|exit)`)
+
+// populate creates registered buffers in the root and a sub-PD.
+func populate(t *testing.T, d *daemon) {
+	t.Helper()
+	makeBuffer(t, d.path("a"), 1<<20)
+	if err := os.Mkdir(d.path("tenant"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	makeBuffer(t, d.path("tenant", "b"), 256<<10)
+	makeBuffer(t, d.path("empty"), 0)
+	mustSh(t, "echo hello > "+d.path("tenant", "msg"))
+}
+
+// TestSIGINTTeardown: with registered buffers (pinned while running), SIGINT
+// makes the daemon tear down, unmount and exit 0.
+func TestSIGINTTeardown(t *testing.T) {
+	t.Parallel()
+	testSignalTeardown(t, syscall.SIGINT)
+}
+
+// TestSIGTERMTeardown: the same for SIGTERM.
+func TestSIGTERMTeardown(t *testing.T) {
+	t.Parallel()
+	testSignalTeardown(t, syscall.SIGTERM)
+}
+
+func testSignalTeardown(t *testing.T, sig syscall.Signal) {
+	d := startDaemon(t, daemonConfig{})
+	populate(t, d)
+	s := readStats(t, d.mnt)
+	if s.PinnedBytes < 1<<20+256<<10 {
+		t.Errorf("stats pinned_bytes = %d, want >= %d", s.PinnedBytes, 1<<20+256<<10)
+	}
+	pid := d.pid()
+	lck := procStatusKB(t, pid, "VmLck")
+	if lck <= 0 || lck*1024 < s.PinnedBytes {
+		t.Errorf("daemon VmLck = %d kB while %d bytes are pinned; the soft backend pins with mlock", lck, s.PinnedBytes)
+	}
+	logBefore := len(d.stderr.String())
+
+	if code := d.stop(sig); code != 0 {
+		t.Errorf("exit status after %v = %d, want 0 (%v)", sig, code, d.waitErr)
+	}
+	if isMounted(d.mnt) {
+		t.Errorf("%s still mounted after %v", d.mnt, sig)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("daemon process %d still exists (pins would outlive it): %v", pid, err)
+	}
+	// Nothing of mrfs is left at the mountpoint: it is an empty plain dir.
+	ents, err := os.ReadDir(d.mnt)
+	if err != nil || len(ents) != 0 {
+		t.Errorf("mountpoint after exit: %v entries, err %v", len(ents), err)
+	}
+	logAfter := d.stderr.String()[logBefore:]
+	if !teardownLogRe.MatchString(logAfter) {
+		t.Errorf("daemon logged nothing about the teardown after %v; log after the signal:\n%s", sig, logAfter)
+	}
+}
+
+// TestSIGKILLThenUmount: a killed daemon leaves a dead mount; `mrfs umount`
+// clears it.
+func TestSIGKILLThenUmount(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	populate(t, d)
+	d.stop(syscall.SIGKILL)
+	if !isMounted(d.mnt) {
+		t.Fatalf("precondition: a SIGKILLed daemon cannot unmount, yet %s is not mounted", d.mnt)
+	}
+	_, err := os.Stat(d.path("a"))
+	wantErrno(t, err, unix.ENOTCONN, "stat in a mount whose daemon was killed")
+	out, errOut, err := run(t, mrfsBin, "umount", d.mnt)
+	if err != nil {
+		t.Fatalf("mrfs umount after SIGKILL: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	if isMounted(d.mnt) {
+		t.Errorf("%s still mounted after mrfs umount", d.mnt)
+	}
+	if fi, err := os.Stat(d.mnt); err != nil || !fi.IsDir() {
+		t.Errorf("mountpoint after umount: %v", err)
+	}
+}
+
+// TestMrfsUmountStopsDaemon: `mrfs umount` on a live mount unmounts it and
+// the daemon tears down and exits 0.
+func TestMrfsUmountStopsDaemon(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	populate(t, d)
+	out, errOut, err := run(t, mrfsBin, "umount", d.mnt)
+	if err != nil {
+		t.Fatalf("mrfs umount: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	if code := d.waitExit(); code != 0 {
+		t.Errorf("daemon exit status after mrfs umount = %d, want 0 (%v)", code, d.waitErr)
+	}
+	if isMounted(d.mnt) {
+		t.Errorf("%s still mounted after mrfs umount", d.mnt)
+	}
+}
+
+// TestMrfsUmountLazy: `mrfs umount --lazy` detaches at once.
+func TestMrfsUmountLazy(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	populate(t, d)
+	out, errOut, err := run(t, mrfsBin, "umount", "--lazy", d.mnt)
+	if err != nil {
+		t.Fatalf("mrfs umount --lazy: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	if isMounted(d.mnt) {
+		t.Errorf("%s still mounted after mrfs umount --lazy", d.mnt)
+	}
+	if code := d.waitExit(); code != 0 {
+		t.Errorf("daemon exit status after mrfs umount --lazy = %d, want 0 (%v)", code, d.waitErr)
+	}
+}
+
+// TestStatusTable: `mrfs status` lists buffers with keys and access.
+func TestStatusTable(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	makeBuffer(t, d.path("alpha.buf"), 4<<20)
+	mustSetxattr(t, d.path("alpha.buf"), xAccess, "local_write,remote_read")
+	if err := os.Mkdir(d.path("tenant"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	makeBuffer(t, d.path("tenant", "beta.buf"), 64<<10)
+	makeBuffer(t, d.path("gamma.empty"), 0)
+	out := mustRun(t, "mrfs", "status", d.mnt)
+	for _, want := range []string{
+		"alpha.buf", "beta.buf", "gamma.empty",
+		mustXattr(t, d.path("alpha.buf"), xRkey),
+		mustXattr(t, d.path("tenant", "beta.buf"), xRkey),
+		"local_write,remote_read",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("mrfs status lacks %q:\n%s", want, out)
+		}
+	}
+	_, _, err := run(t, mrfsBin, "status", t.TempDir())
+	if err == nil {
+		t.Errorf("mrfs status on a directory that is not an mrfs mount succeeded")
+	}
+}

@@ -1,0 +1,199 @@
+package tests
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestMaxBuffersENOSPC: creating past max_buffers is ENOSPC, nothing
+// appears, the daemon logs the limit; after an rm a create works again.
+func TestMaxBuffersENOSPC(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Buffers: "max_buffers = 2"})
+	makeBuffer(t, d.path("a"), 4096)
+	makeBuffer(t, d.path("b"), 0)
+	before := takeSnapshot(t, d.mnt, d.path("a"), d.path("b"))
+	_, err := os.OpenFile(d.path("c"), os.O_CREATE|os.O_RDWR, 0o600)
+	wantErrno(t, err, unix.ENOSPC, "third create with max_buffers = 2")
+	if _, err := os.Lstat(d.path("c")); !os.IsNotExist(err) {
+		t.Errorf("c exists after a refused create: %v", err)
+	}
+	_, errOut, err := run(t, "touch", d.path("c2"))
+	if err == nil || !strings.Contains(errOut, "No space left on device") {
+		t.Errorf("touch past max_buffers: %v, %q; want No space left on device", err, errOut)
+	}
+	before.requireSame(t, takeSnapshot(t, d.mnt, d.path("a"), d.path("b")), "refused creates")
+	ents, _ := os.ReadDir(d.mnt)
+	if len(ents) != 2 {
+		t.Errorf("readdir has %d entries, want 2", len(ents))
+	}
+	if line, ok := d.waitLog(regexp.MustCompile(`max_buffers`), 2*time.Second); !ok {
+		t.Errorf("daemon did not log which limit was hit (no line mentioning max_buffers)")
+	} else {
+		t.Logf("log: %s", line)
+	}
+	if err := os.Remove(d.path("a")); err != nil {
+		t.Fatal(err)
+	}
+	makeBuffer(t, d.path("c"), 4096)
+	requireRegistered(t, d.path("c"), 4096)
+}
+
+// TestMaxPinnedENOSPC: a size that would pass max_pinned is ENOSPC and the
+// buffer keeps its previous size and keys.
+func TestMaxPinnedENOSPC(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "1MiB"`})
+	f := d.path("f")
+	makeBuffer(t, f, 512<<10)
+	if err := os.WriteFile(d.path("g"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := takeSnapshot(t, d.mnt, f, d.path("g"))
+
+	wantErrno(t, unix.Truncate(f, 2<<20), unix.ENOSPC, "truncate to 2 MiB with max_pinned 1 MiB")
+	before.requireSame(t, takeSnapshot(t, d.mnt, f, d.path("g")), "refused truncate(2)")
+
+	_, errOut, err := run(t, "truncate", "-s", "2M", f)
+	if err == nil || !strings.Contains(errOut, "No space left on device") {
+		t.Errorf("truncate -s 2M: %v, %q; want No space left on device", err, errOut)
+	}
+	before.requireSame(t, takeSnapshot(t, d.mnt, f, d.path("g")), "refused truncate -s 2M")
+
+	fh, err := os.OpenFile(f, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, fh.Truncate(4<<20), unix.ENOSPC, "ftruncate to 4 MiB")
+	fh.Close()
+	// A second buffer that would pass the total.
+	wantErrno(t, unix.Truncate(d.path("g"), 1<<20), unix.ENOSPC, "second buffer of 1 MiB over a 512 KiB one")
+	before.requireSame(t, takeSnapshot(t, d.mnt, f, d.path("g")), "refused ftruncate/second buffer")
+
+	if _, ok := d.waitLog(regexp.MustCompile(`max_pinned`), 2*time.Second); !ok {
+		t.Errorf("daemon did not log which limit was hit (no line mentioning max_pinned)")
+	}
+	// Within the limit still works.
+	if err := unix.Truncate(d.path("g"), 256<<10); err != nil {
+		t.Errorf("256 KiB beside 512 KiB under a 1 MiB limit: %v", err)
+	}
+}
+
+// TestSoftMaxMREINVAL: the device's max_mr exhausted: the registration fails
+// with the device's EINVAL and the file stays empty.
+func TestSoftMaxMREINVAL(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Verbs: "soft_max_mr = 2"})
+	if s := readStats(t, d.mnt); s.Limits.MaxMR != 2 {
+		t.Errorf("stats limits.max_mr = %d, want 2", s.Limits.MaxMR)
+	}
+	makeBuffer(t, d.path("a"), 4096)
+	makeBuffer(t, d.path("b"), 4096)
+	c := d.path("c")
+	makeBuffer(t, c, 0)
+	before := takeSnapshot(t, d.mnt, d.path("a"), d.path("b"), c)
+	wantErrno(t, unix.Truncate(c, 4096), unix.EINVAL, "third registration with max_mr = 2")
+	before.requireSame(t, takeSnapshot(t, d.mnt, d.path("a"), d.path("b"), c), "refused registration")
+	requireEmpty(t, c)
+	// A resize or an access change registers anew before deregistering the
+	// old region, so with the device full both fail and change nothing.
+	wantErrno(t, unix.Truncate(d.path("a"), 8192), unix.EINVAL, "grow a with max_mr used up")
+	wantErrno(t, setxattr(d.path("a"), xAccess, "local_write,remote_read"), unix.EINVAL, "set access with max_mr used up")
+	before.requireSame(t, takeSnapshot(t, d.mnt, d.path("a"), d.path("b"), c), "re-registrations refused by max_mr")
+	// Freeing one makes room.
+	if err := os.Remove(d.path("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Truncate(c, 4096); err != nil {
+		t.Errorf("registration after freeing an MR: %v", err)
+	}
+	requireRegistered(t, c, 4096)
+}
+
+// TestMemlockENOMEM: without CAP_IPC_LOCK and with RLIMIT_MEMLOCK 1 MiB, a
+// 4 MiB registration fails with ENOMEM, nothing changes, and the log names
+// RLIMIT_MEMLOCK.
+func TestMemlockENOMEM(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Wrapper: []string{
+		"prlimit", "--memlock=1048576:1048576",
+		"setpriv", "--inh-caps=-ipc_lock", "--ambient-caps=-ipc_lock", "--bounding-set=-ipc_lock", "--",
+	}})
+	// The test's own setup: the daemon really lacks CAP_IPC_LOCK.
+	capEff := procStatusField(t, d.pid(), "CapEff")
+	caps, err := strconv.ParseUint(capEff, 16, 64)
+	if err != nil {
+		t.Fatalf("CapEff %q: %v", capEff, err)
+	}
+	if caps&(1<<unix.CAP_IPC_LOCK) != 0 {
+		t.Fatalf("test setup: the daemon still has CAP_IPC_LOCK (CapEff %s)", capEff)
+	}
+	if s := readStats(t, d.mnt); s.Limits.Memlock != 1<<20 {
+		t.Errorf("stats limits.memlock = %d, want 1048576", s.Limits.Memlock)
+	}
+
+	f := d.path("f")
+	makeBuffer(t, f, 256<<10)
+	requireRegistered(t, f, 256<<10)
+	g := d.path("g")
+	makeBuffer(t, g, 0)
+	before := takeSnapshot(t, d.mnt, f, g)
+
+	_, errOut, err := run(t, "truncate", "-s", "4M", f)
+	if err == nil || !strings.Contains(errOut, "Cannot allocate memory") {
+		t.Errorf("truncate -s 4M under RLIMIT_MEMLOCK 1 MiB: %v, %q; want Cannot allocate memory", err, errOut)
+	}
+	before.requireSame(t, takeSnapshot(t, d.mnt, f, g), "truncate -s 4M refused by RLIMIT_MEMLOCK")
+	wantErrno(t, unix.Truncate(g, 4<<20), unix.ENOMEM, "truncate(2) an empty file to 4 MiB")
+	before.requireSame(t, takeSnapshot(t, d.mnt, f, g), "truncate(2) refused by RLIMIT_MEMLOCK")
+	requireEmpty(t, g)
+
+	if line, ok := d.waitLog(regexp.MustCompile(`RLIMIT_MEMLOCK`), 2*time.Second); !ok {
+		t.Errorf("daemon stderr has no line mentioning RLIMIT_MEMLOCK")
+	} else {
+		t.Logf("log: %s", line)
+	}
+}
+
+// TestWritePastMaxPinned: a client write past EOF grows the memfd in the
+// kernel; when the daemon cannot register the new size it says so in state
+// (unregistered: <reason>), pins no more than the limit, logs the limit, and
+// a later truncate within the limit registers again.
+func TestWritePastMaxPinned(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "1MiB"`})
+	src := filepath.Join(t.TempDir(), "src")
+	data := patternBytes(2 << 20)
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := d.path("big")
+	_, _, _ = run(t, "cp", src, f) // close may report the failure; the state below is what counts
+	if got := fileSize(t, f); got != 2<<20 {
+		t.Fatalf("size %d after writing 2 MiB, want %d (the data is in the memfd)", got, 2<<20)
+	}
+	if got := mustXattr(t, f, xState); !regexp.MustCompile(`^unregistered: .+`).MatchString(got) {
+		t.Errorf("state %q, want \"unregistered: <reason>\" for a 2 MiB buffer under max_pinned 1 MiB", got)
+	}
+	if s := readStats(t, d.mnt); s.PinnedBytes > 1<<20 || s.RegisteredBytes > 1<<20 {
+		t.Errorf("stats %+v pass max_pinned 1 MiB", s)
+	}
+	if _, ok := d.waitLog(regexp.MustCompile(`max_pinned`), 2*time.Second); !ok {
+		t.Errorf("daemon did not log the max_pinned limit")
+	}
+	mustRun(t, "cmp", src, f)
+	mustRun(t, "truncate", "-s", "512K", f)
+	requireRegistered(t, f, 512<<10)
+	got, err := os.ReadFile(f)
+	if err != nil || !bytes.Equal(got, data[:512<<10]) {
+		t.Errorf("prefix after truncate: %v", err)
+	}
+}
