@@ -122,6 +122,11 @@ func TestShellSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// On a failed script the EXIT trap has just sent SIGINT: give the
+		// daemon time to tear down before calling the mount a leftover.
+		for deadline := time.Now().Add(stopTimeout); isMounted(m) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
 		if isMounted(m) {
 			t.Errorf("%s still mounted after the session", m)
 			_ = exec.Command("umount", "-l", m).Run()
