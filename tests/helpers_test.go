@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -43,6 +44,11 @@ const (
 	readyTimeout = 10 * time.Second
 	stopTimeout  = 10 * time.Second
 	cmdTimeout   = 60 * time.Second
+	// hangTimeout bounds one test's use of its mount. A daemon that stops
+	// answering would otherwise block the test in a syscall until go test's
+	// own timeout; the watchdog dumps the daemon's goroutines (SIGQUIT) and
+	// kills it, which aborts the FUSE connection and unblocks the test.
+	hangTimeout = 90 * time.Second
 
 	xLkey     = "user.mrfs.lkey"
 	xRkey     = "user.mrfs.rkey"
@@ -153,6 +159,9 @@ type daemon struct {
 	waitErr error
 	// stoppedByTest: the test ended the daemon itself and checked the result.
 	stoppedByTest bool
+	// watchdog: closed by cleanup; hung is set when the watchdog fired.
+	watchdog chan struct{}
+	hung     atomic.Bool
 }
 
 // startDaemon mounts mrfs on a fresh temporary mountpoint with cfg, waits
@@ -174,7 +183,7 @@ func startDaemon(t *testing.T, cfg daemonConfig) *daemon {
 		t.Fatal(err)
 	}
 	args := append(append([]string{}, cfg.Wrapper...), mrfsBin, "mount", "--config", cfgPath, mnt)
-	d := &daemon{t: t, mnt: mnt, cfgPath: cfgPath, stderr: &syncBuffer{}, done: make(chan struct{})}
+	d := &daemon{t: t, mnt: mnt, cfgPath: cfgPath, stderr: &syncBuffer{}, done: make(chan struct{}), watchdog: make(chan struct{})}
 	d.cmd = exec.Command(args[0], args[1:]...)
 	d.cmd.Stdout = d.stderr
 	d.cmd.Stderr = d.stderr
@@ -185,6 +194,7 @@ func startDaemon(t *testing.T, cfg daemonConfig) *daemon {
 		d.waitErr = d.cmd.Wait()
 		close(d.done)
 	}()
+	go d.watch()
 	t.Cleanup(d.cleanup)
 
 	deadline := time.Now().Add(readyTimeout)
@@ -248,8 +258,38 @@ func (d *daemon) waitExit() int {
 	return d.stop(0)
 }
 
+// watch kills a daemon that is still running hangTimeout after its start,
+// with a goroutine dump first.
+func (d *daemon) watch() {
+	select {
+	case <-d.watchdog:
+		return
+	case <-d.done:
+		return
+	case <-time.After(hangTimeout):
+	}
+	d.hung.Store(true)
+	_ = d.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-d.done:
+	case <-time.After(3 * time.Second):
+		_ = d.cmd.Process.Kill()
+	}
+	_ = exec.Command("umount", "-f", "-l", d.mnt).Run()
+}
+
 func (d *daemon) cleanup() {
 	t := d.t
+	close(d.watchdog)
+	if d.hung.Load() {
+		t.Errorf("the test was still using its mount %v after the daemon started; the watchdog dumped the daemon's goroutines (SIGQUIT) and killed it:\n%s",
+			hangTimeout, tail(d.stderr.String(), 400))
+		<-d.done
+		if isMounted(d.mnt) {
+			_ = exec.Command("umount", "-l", d.mnt).Run()
+		}
+		return
+	}
 	if !d.stoppedByTest {
 		if code := d.stop(syscall.SIGINT); code != 0 {
 			t.Errorf("mrfs mount exited with status %d after SIGINT, want 0 (%v)", code, d.waitErr)
