@@ -31,6 +31,15 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// The suite in rxe mode: soft with rxe's switch (no rereg) and the
+// options verbs/ibv runs on rxe, but for the pin field. The remaining
+// differences are listed at the top of verbstest's cases.go.
+func TestConformanceRxeMode(t *testing.T) {
+	opt := verbstest.RxeOptions()
+	opt.PinField = "VmLck"
+	verbstest.RunWith(t, func(t *testing.T) verbs.Provider { return New(Options{NoRereg: true}) }, opt)
+}
+
 // open returns an open device and a PD of a fresh soft provider.
 func open(t *testing.T, opt Options) (verbs.Device, verbs.PD) {
 	t.Helper()

@@ -46,19 +46,31 @@ type Options struct {
 	// MaxExhaust is the largest MaxMR the suite fills to check that one
 	// more registration fails; 0 means 4096. Larger devices skip it.
 	MaxExhaust int
+	// LocalRKeyZero: a region registered without remote access may have
+	// rkey 0 instead of its lkey (rxe before Linux 6.5, such as the 6.1
+	// kernel of tests/vm).
+	LocalRKeyZero bool
 }
 
 // DefaultOptions infers Options from a provider: the soft backend
 // promises everything; rxe devices (names starting "rxe") promise rxe
-// keys and pin in VmPin; anything else gets only the contract.
+// keys, possibly rkey 0 without remote access, and pin in VmPin;
+// anything else gets only the contract.
 func DefaultOptions(p verbs.Provider) Options {
 	if p.Name() == "soft" {
 		return Options{RxeKeys: true, PinField: "VmLck", ReregNewKeys: true, ReregKeepsOnError: true}
 	}
 	if devs, err := p.Devices(); err == nil && len(devs) > 0 && strings.HasPrefix(devs[0].Name, "rxe") {
-		return Options{RxeKeys: true, PinField: "VmPin"}
+		return RxeOptions()
 	}
 	return Options{}
+}
+
+// RxeOptions returns the options for an rxe device. The soft backend
+// in its rxe mode passes the same but for PinField (see the differences
+// listed in cases.go).
+func RxeOptions() Options {
+	return Options{RxeKeys: true, PinField: "VmPin", LocalRKeyZero: true}
 }
 
 // Run runs the suite with DefaultOptions. newProvider is called once per
