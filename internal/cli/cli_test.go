@@ -37,6 +37,9 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"status", t.TempDir()}, exitFailure, "not an mrfs mount"},
 		{[]string{"umount", t.TempDir()}, exitFailure, "not a mount point"},
 	} {
+		if tc.msg == "-tags rdma" && rdmaProvider != nil {
+			continue // built with the rdma backend: the outcome depends on the machine's devices
+		}
 		code, _, stderr := runCLI(tc.args...)
 		if code != tc.code || !strings.Contains(stderr, tc.msg) {
 			t.Errorf("mrfs %q: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, stderr, tc.code, tc.msg)
