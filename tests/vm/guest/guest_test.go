@@ -366,7 +366,12 @@ func TestKernelSeesMrfsRegistrations(t *testing.T) {
 		t.Errorf("mrfs exited with %v after SIGINT, want status 0", err)
 	}
 	// The daemon has exited, so the kernel would have released anything it
-	// leaked; what this proves is a clean exit with nothing left behind.
+	// leaked: its own account of the teardown is what shows that mrfs
+	// deregistered and deallocated before it exited.
+	if log := d.log.String(); !strings.Contains(log, "teardown complete") ||
+		!strings.Contains(log, "deregistered_buffers=2") || !strings.Contains(log, "deallocated_pds=2") {
+		t.Errorf("mrfs did not report a teardown of 2 buffers and 2 PDs")
+	}
 	if left := newSince(t, "mr", mrsBefore, pid); len(left) != 0 {
 		t.Errorf("regions left after unmount: %v", left)
 	}
