@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -15,8 +17,9 @@ import (
 // mountpoint, $CFG the config, $W a scratch dir. The python step maps rx,
 // writes through the mapping and checks its pages are the daemon's.
 const sessionScript = `
-mrfs mount --config "$CFG" "$M" 2>"$W/daemon.log" &
+mrfs mount --config "$CFG" "$M" >"$W/daemon.log" 2>&1 &
 pid=$!
+echo $pid > "$W/daemon.pid"
 trap 'kill -INT $pid 2>/dev/null || true' EXIT
 ready=
 for i in $(seq 200); do
@@ -131,6 +134,15 @@ func TestShellSession(t *testing.T) {
 			t.Errorf("%s still mounted after the session", m)
 			_ = exec.Command("umount", "-l", m).Run()
 		}
+		// The daemon is bash's child, not ours: make sure it is gone.
+		if b, err := os.ReadFile(filepath.Join(w, "daemon.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && syscall.Kill(pid, 0) == nil {
+				if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == "mrfs" {
+					t.Errorf("the session's daemon (pid %d) is still running; killing it", pid)
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -138,6 +150,7 @@ func TestShellSession(t *testing.T) {
 	cmd.Env = append(os.Environ(), "M="+m, "CFG="+cfg, "W="+w)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.WaitDelay = 5 * time.Second // a leftover child must not keep Run waiting on the pipes
 	err := cmd.Run()
 	if err != nil || !strings.Contains(out.String(), "session-ok") {
 		log, _ := os.ReadFile(filepath.Join(w, "daemon.log"))
@@ -206,6 +219,7 @@ func TestCLIUsageAndConfigErrors(t *testing.T) {
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		cmd := exec.CommandContext(ctx, mrfsBin, c.args...)
+		cmd.WaitDelay = 5 * time.Second
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()

@@ -142,6 +142,9 @@ type daemonConfig struct {
 	// Wrapper is a command prefix such as prlimit/setpriv; each must exec
 	// the next so the daemon keeps the pid we started.
 	Wrapper []string
+	// MountedIsReady: return as soon as the mount is in mountinfo, without
+	// waiting for the root to answer (for signals sent at that moment).
+	MountedIsReady bool
 }
 
 func (c daemonConfig) toml() string {
@@ -206,6 +209,9 @@ func startDaemon(t *testing.T, cfg daemonConfig) *daemon {
 		default:
 		}
 		if isMounted(mnt) {
+			if cfg.MountedIsReady {
+				return d
+			}
 			if _, err := getxattr(mnt, xStats); err == nil {
 				return d
 			}
@@ -213,7 +219,7 @@ func startDaemon(t *testing.T, cfg daemonConfig) *daemon {
 		if time.Now().After(deadline) {
 			t.Fatalf("mrfs mount not ready after %v (mounted=%v); stderr:\n%s", readyTimeout, isMounted(mnt), d.stderr)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -233,8 +239,9 @@ func (d *daemon) exited() bool {
 }
 
 // stop sends sig (unless the daemon already exited) and waits up to
-// stopTimeout. It returns the exit code (-1 when killed by a signal). On a
-// timeout it fails the test, SIGKILLs the daemon and lazily unmounts.
+// stopTimeout. It returns the exit code (-1 when killed by a signal or when
+// it could not be ended). On a timeout it fails the test and kills the
+// daemon.
 func (d *daemon) stop(sig syscall.Signal) int {
 	d.t.Helper()
 	d.stoppedByTest = true
@@ -245,11 +252,33 @@ func (d *daemon) stop(sig syscall.Signal) int {
 	case <-d.done:
 	case <-time.After(stopTimeout):
 		d.t.Errorf("mrfs mount did not exit within %v after %v; killing it", stopTimeout, sig)
-		_ = d.cmd.Process.Kill()
-		<-d.done
-		_ = exec.Command("umount", "-l", d.mnt).Run()
+		d.kill()
+	}
+	if !d.exited() {
+		return -1
 	}
 	return d.cmd.ProcessState.ExitCode()
+}
+
+// kill SIGKILLs the daemon without ever blocking for good. A process killed
+// while it has a file of its own mount open can wedge in exit, flushing
+// that file to a server whose threads are gone; `umount -f` aborts the
+// connection and lets it finish.
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Kill()
+	select {
+	case <-d.done:
+	case <-time.After(3 * time.Second):
+		_ = exec.Command("umount", "-f", d.mnt).Run()
+		select {
+		case <-d.done:
+		case <-time.After(5 * time.Second):
+			d.t.Errorf("mrfs mount (pid %d) did not exit after SIGKILL and umount -f", d.pid())
+		}
+	}
+	if isMounted(d.mnt) {
+		_ = exec.Command("umount", "-l", d.mnt).Run()
+	}
 }
 
 // waitExit waits for the daemon to exit on its own (e.g. after `mrfs umount`).
@@ -273,9 +302,10 @@ func (d *daemon) watch() {
 	select {
 	case <-d.done:
 	case <-time.After(3 * time.Second):
-		_ = d.cmd.Process.Kill()
 	}
-	_ = exec.Command("umount", "-f", "-l", d.mnt).Run()
+	_ = exec.Command("umount", "-f", d.mnt).Run()
+	_ = exec.Command("umount", "-l", d.mnt).Run()
+	_ = d.cmd.Process.Kill()
 }
 
 func (d *daemon) cleanup() {
@@ -284,10 +314,7 @@ func (d *daemon) cleanup() {
 	if d.hung.Load() {
 		t.Errorf("the test was still using its mount %v after the daemon started; the watchdog dumped the daemon's goroutines (SIGQUIT) and killed it:\n%s",
 			hangTimeout, tail(d.stderr.String(), 400))
-		<-d.done
-		if isMounted(d.mnt) {
-			_ = exec.Command("umount", "-l", d.mnt).Run()
-		}
+		d.kill()
 		return
 	}
 	if !d.stoppedByTest {
@@ -295,8 +322,7 @@ func (d *daemon) cleanup() {
 			t.Errorf("mrfs mount exited with status %d after SIGINT, want 0 (%v)", code, d.waitErr)
 		}
 	} else if !d.exited() {
-		_ = d.cmd.Process.Kill()
-		<-d.done
+		d.kill()
 	}
 	if isMounted(d.mnt) {
 		t.Errorf("%s is still mounted after the daemon exited", d.mnt)
@@ -380,6 +406,7 @@ func run(t *testing.T, name string, args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 5 * time.Second // a leftover grandchild must not keep Run waiting on the pipes
 	var out, errb bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = &errb

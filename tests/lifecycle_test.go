@@ -1,13 +1,17 @@
 package tests
 
 import (
+	"context"
 	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -157,5 +161,85 @@ func TestStatusTable(t *testing.T) {
 	_, _, err := run(t, mrfsBin, "status", t.TempDir())
 	if err == nil {
 		t.Errorf("mrfs status on a directory that is not an mrfs mount succeeded")
+	}
+}
+
+// TestSIGINTRightAfterReady: once the mount is there, SIGINT must tear the
+// daemon down cleanly, however early.
+// A daemon that installs its signal handling only after it starts serving
+// dies by the signal (no teardown, mount left behind) or, started from a
+// shell with `&`, ignores it.
+func TestSIGINTRightAfterReady(t *testing.T) {
+	t.Parallel()
+	for i := 0; i < 20; i++ {
+		// Even rounds: the moment the mount shows in mountinfo; odd rounds:
+		// once the root answers too.
+		d := startDaemon(t, daemonConfig{MountedIsReady: i%2 == 0})
+		if code := d.stop(syscall.SIGINT); code != 0 {
+			t.Errorf("round %d: SIGINT right after the mount appeared: exit %d (%v), want 0; stderr:\n%s", i, code, d.waitErr, d.stderr)
+		}
+		if isMounted(d.mnt) {
+			t.Errorf("round %d: %s still mounted", i, d.mnt)
+		}
+	}
+}
+
+// TestSIGINTRightAfterReadyFromShell: the same through `mrfs mount &` in a
+// script (where SIGINT starts out ignored) and `kill -INT`, as in the
+// issue's session.
+func TestSIGINTRightAfterReadyFromShell(t *testing.T) {
+	t.Parallel()
+	requireMountEnv(t)
+	w := t.TempDir()
+	cfg := filepath.Join(w, "config.toml")
+	if err := os.WriteFile(cfg, []byte(daemonConfig{}.toml()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const script = `
+for round in 1 2 3 4 5; do
+  M="$W/mnt$round"
+  mkdir "$M"
+  mrfs mount --config "$CFG" "$M" >"$W/daemon$round.log" 2>&1 &
+  pid=$!
+  echo $pid >> "$W/pids"
+  until grep -q " $M " /proc/self/mountinfo; do
+    kill -0 $pid
+  done
+  kill -INT $pid
+  for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done
+  if kill -0 $pid 2>/dev/null; then echo "round $round: mrfs ignored SIGINT sent right after its mount appeared"; exit 1; fi
+  wait $pid || { echo "round $round: mrfs exited $? after SIGINT"; exit 1; }
+  if grep -q " $M " /proc/self/mountinfo; then echo "round $round: still mounted"; exit 1; fi
+done
+echo rounds-ok
+`
+	t.Cleanup(func() {
+		// Daemons that ignored the signal are bash's children: end them.
+		b, _ := os.ReadFile(filepath.Join(w, "pids"))
+		for _, f := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil || syscall.Kill(pid, 0) != nil {
+				continue
+			}
+			if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "mrfs" {
+				_ = syscall.Kill(pid, syscall.SIGINT) // handled by now
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+		for i := 1; i <= 5; i++ {
+			m := filepath.Join(w, "mnt"+strconv.Itoa(i))
+			if isMounted(m) {
+				_ = exec.Command("umount", "-l", m).Run()
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", "set -e\n"+script)
+	cmd.Env = append(os.Environ(), "W="+w, "CFG="+cfg)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "rounds-ok") {
+		t.Errorf("%v\n%s", err, out)
 	}
 }
