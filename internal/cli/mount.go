@@ -40,6 +40,13 @@ func cmdMount(args []string, stderr io.Writer) error {
 	}
 	log := newLogger(cfg.Log, stderr)
 
+	// Subscribe before anything is pinned or mounted: a signal that comes
+	// while mounting is then handled by the teardown below, instead of
+	// killing the daemon with its mount and regions left behind.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
 	prov, err := chooseProvider(cfg.Verbs, log)
 	if err != nil {
 		return err
@@ -76,9 +83,6 @@ func cmdMount(args []string, stderr io.Writer) error {
 	log.Info("mounted", "mountpoint", dir, "backend", prov.Name(), "device", dev.Name(),
 		"zero_copy", cfg.Mount.ZeroCopy, "pid", os.Getpid())
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	unmounted := make(chan struct{})
 	go func() {
 		srv.Wait()
