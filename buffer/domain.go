@@ -2,6 +2,7 @@ package buffer
 
 import (
 	"fmt"
+	"io"
 	"syscall"
 
 	"mrfs/verbs"
@@ -13,11 +14,18 @@ type Domain struct {
 	pd     verbs.PD
 	handle uint32 // pd.Handle(), fixed for the PD's life
 
-	// guarded by m.mu: the default access, the buffer count, closed.
-	access verbs.Access
-	nbuf   int // buffers in d, counted from the start of their Create or Move
-	closed bool
+	// guarded by m.mu: the default access, the buffer count, closed,
+	// closing and users.
+	access  verbs.Access
+	nbuf    int // buffers in d, counted from the start of their Create or Move
+	closed  bool
+	closing bool               // Close is closing the users
+	users   map[*user]struct{} // see Attach
 }
+
+// user is something living in the PD besides regions (a queue pair, a
+// remote connection) that must go before the PD is deallocated.
+type user struct{ c io.Closer }
 
 // NewDomain allocates a protection domain whose files get defaultAccess.
 // defaultAccess is checked as SetAccess does (EINVAL, EPERM, EOPNOTSUPP).
@@ -48,6 +56,54 @@ func (m *Manager) NewDomain(defaultAccess verbs.Access) (*Domain, error) {
 
 // PD is the protection domain's number.
 func (d *Domain) PD() uint32 { return d.handle }
+
+// VerbsPD is the verbs protection domain, for creating queue pairs in it
+// or serving one-sided operations (verbs.ResponderPD).
+func (d *Domain) VerbsPD() verbs.PD { return d.pd }
+
+// Attach registers c (a queue pair, a remote connection) to be closed
+// when d closes, by rmdir or Manager.Close, before the PD is deallocated
+// (the kernel refuses to free a PD that queue pairs still use). detach
+// forgets c; call it when c ends on its own. ENOENT once d is closed or
+// closing, ENODEV after Manager.Close.
+func (d *Domain) Attach(c io.Closer) (detach func(), err error) {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	if err := d.goneLocked(); err != nil {
+		return nil, err
+	}
+	if d.closing {
+		return nil, fmt.Errorf("pd %d is being deallocated: %w", d.handle, syscall.ENOENT)
+	}
+	u := &user{c}
+	if d.users == nil {
+		d.users = make(map[*user]struct{})
+	}
+	d.users[u] = struct{}{}
+	return func() {
+		d.m.mu.Lock()
+		delete(d.users, u)
+		d.m.mu.Unlock()
+	}, nil
+}
+
+// closeUsers closes what Attach registered, without m.mu held (a closer
+// may take time or call back into d), and keeps new ones out meanwhile.
+// It returns with m.mu held and closing cleared.
+func (d *Domain) closeUsersLocked() {
+	if len(d.users) == 0 {
+		return
+	}
+	users := d.users
+	d.users = nil
+	d.closing = true
+	d.m.mu.Unlock()
+	for u := range users {
+		u.c.Close()
+	}
+	d.m.mu.Lock()
+	d.closing = false
+}
 
 // DefaultAccess is the access given to buffers created in d.
 func (d *Domain) DefaultAccess() verbs.Access {
@@ -87,6 +143,13 @@ func (d *Domain) Close() error {
 		return err
 	}
 	if d.nbuf > 0 {
+		return fmt.Errorf("pd %d holds %d buffers: %w", d.handle, d.nbuf, syscall.ENOTEMPTY)
+	}
+	d.closeUsersLocked()
+	if err := d.goneLocked(); err != nil { // closed meanwhile
+		return err
+	}
+	if d.nbuf > 0 { // a Create or Move came in meanwhile
 		return fmt.Errorf("pd %d holds %d buffers: %w", d.handle, d.nbuf, syscall.ENOTEMPTY)
 	}
 	// Dealloc under m.mu: a Create or Move into d reserves its place

@@ -38,9 +38,6 @@ func (m *Manager) Regions() int {
 	return m.regions
 }
 
-// VerbsPD is the domain's PD object.
-func (d *Domain) VerbsPD() verbs.PD { return d.pd }
-
 var PageRound = pageRound
 var FormatSize = formatSize
 

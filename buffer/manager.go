@@ -100,9 +100,10 @@ func (m *Manager) checkAccess(a verbs.Access) error {
 	return nil
 }
 
-// Close frees every buffer (deregister, unmap, close) and deallocates
-// every domain. Operations on them afterwards fail with ENODEV. Close is
-// idempotent; it does not close the device.
+// Close closes what is attached to the domains (remote connections,
+// queue pairs), frees every buffer (deregister, unmap, close) and
+// deallocates every domain. Operations on them afterwards fail with
+// ENODEV. Close is idempotent; it does not close the device.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -115,8 +116,20 @@ func (m *Manager) Close() error {
 	for b := range m.buffers {
 		bufs = append(bufs, b)
 	}
+	var users []*user
+	for d := range m.domains {
+		for u := range d.users {
+			users = append(users, u)
+		}
+		d.users = nil
+	}
 	m.mu.Unlock()
 
+	// Peers go first: nothing reaches a region while it is deregistered,
+	// and no queue pair holds a PD when it is deallocated.
+	for _, u := range users {
+		u.c.Close()
+	}
 	var errs []error
 	for _, b := range bufs {
 		// free waits for a Create still building b (it holds b.mu).

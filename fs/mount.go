@@ -3,11 +3,15 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"mrfs/buffer"
 )
 
 // MountOptions are the kernel-facing choices of a mount.
@@ -17,8 +21,9 @@ type MountOptions struct {
 
 // Server is a mounted mrfs.
 type Server struct {
-	srv *fuse.Server
-	dir string
+	srv  *fuse.Server
+	dir  string
+	root *dirNode
 }
 
 // ErrNoPassthrough means the kernel or the daemon's privileges do not
@@ -58,7 +63,7 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		dom.Close()
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
-	s := &Server{srv: srv, dir: dir}
+	s := &Server{srv: srv, dir: dir, root: root}
 	if opt.ZeroCopy {
 		if err := probePassthrough(srv); err != nil {
 			s.Unmount()
@@ -86,6 +91,27 @@ func probePassthrough(srv *fuse.Server) error {
 	}
 	srv.UnregisterBackingFd(id)
 	return nil
+}
+
+// Domain returns the protection domain of the directory at path, relative
+// to the mount's root ("/" or "" is the root): what a remote peer names to
+// get a queue pair in that PD. ENOENT or ENOTDIR when there is no such
+// directory.
+func (s *Server) Domain(path string) (*buffer.Domain, error) {
+	n := &s.root.Inode
+	for _, name := range strings.Split(strings.Trim(filepath.Clean("/"+path), "/"), "/") {
+		if name == "" {
+			continue
+		}
+		if n = n.GetChild(name); n == nil {
+			return nil, fmt.Errorf("no directory %q in the mount: %w", path, syscall.ENOENT)
+		}
+	}
+	d, ok := n.Operations().(*dirNode)
+	if !ok {
+		return nil, fmt.Errorf("%q is not a directory: %w", path, syscall.ENOTDIR)
+	}
+	return d.dom, nil
 }
 
 // Wait returns when the filesystem is unmounted (also from outside, by
