@@ -108,7 +108,7 @@ func TestMain(m *testing.M) {
 
 // requireMountEnv skips only for the package-wide reasons (not root, no
 // /dev/fuse). Nothing else may skip.
-func requireMountEnv(t *testing.T) {
+func requireMountEnv(t testing.TB) {
 	t.Helper()
 	if skipReason != "" {
 		t.Skip(skipReason)
@@ -153,7 +153,7 @@ func (c daemonConfig) toml() string {
 }
 
 type daemon struct {
-	t       *testing.T
+	t       testing.TB
 	mnt     string
 	cfgPath string
 	cmd     *exec.Cmd
@@ -170,7 +170,7 @@ type daemon struct {
 // startDaemon mounts mrfs on a fresh temporary mountpoint with cfg, waits
 // until the mount is in /proc/self/mountinfo and the root's stats xattr is
 // readable, and registers a cleanup that sends SIGINT and requires exit 0.
-func startDaemon(t *testing.T, cfg daemonConfig) *daemon {
+func startDaemon(t testing.TB, cfg daemonConfig) *daemon {
 	t.Helper()
 	requireMountEnv(t)
 	dir := t.TempDir()
