@@ -16,6 +16,13 @@ type device struct {
 	attr    verbs.DeviceAttr // immutable
 	noRereg bool             // immutable
 
+	// guards: the memory of every live region. A responder holds it for
+	// reading across its checks and its copy; Dereg, Rereg's swap and
+	// Close hold it for writing while they take a region away, so once
+	// they return no responder touches that memory and the caller may
+	// unmap it. Taken before mu.
+	mem sync.RWMutex
+
 	// guards: every field below, every context's closed and pds, every
 	// pd's dead and mrs, and every mr's mutable fields. Taken before
 	// pins.mu.
@@ -123,6 +130,8 @@ func (c *context) AllocPD() (verbs.PD, error) {
 // and pinned pages, and the PDs' numbers. Close twice is ENODEV.
 func (c *context) Close() error {
 	d := c.dev
+	d.mem.Lock()
+	defer d.mem.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if c.closed {

@@ -161,6 +161,8 @@ func (m *mr) Rereg(a verbs.ReregArgs) error {
 
 	n, err := d.register(newPD, addr, length, access, m)
 
+	d.mem.Lock() // the old registration's memory goes away below
+	defer d.mem.Unlock()
 	d.mu.Lock()
 	m.busy = false
 	if err != nil {
@@ -190,6 +192,8 @@ func (m *mr) Rereg(a verbs.ReregArgs) error {
 // Dereg deregisters the region: EINVAL when it is already gone.
 func (m *mr) Dereg() error {
 	d := m.dev
+	d.mem.Lock() // wait out responders copying to or from this memory
+	defer d.mem.Unlock()
 	d.mu.Lock()
 	switch {
 	case m.pd.ctx.closed:

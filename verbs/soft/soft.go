@@ -8,11 +8,19 @@
 // regions. shared/reference/verbs-semantics.md lists the rules and their
 // sources.
 //
+// It also plays the responder of an RC queue pair (pd.Responder): one-sided
+// READ, WRITE and atomics checked in rxe's order and completed with the
+// work-completion status a requester would see, for the soft TCP
+// transport of remote/server.
+//
 // Locking: each device has one mutex (device.mu) for its PDs, regions and
-// index pool; pinning has one process-wide mutex (pins.mu). Lock order is
-// device.mu, then pins.mu. mlock runs without device.mu but under pins.mu,
-// so pinning is serialized process-wide: a page must not be unlocked by
-// one region's Dereg while another region is locking it.
+// index pool, and one RWMutex (device.mem) that responders hold for
+// reading while they touch registered memory and that Dereg, Rereg and
+// Close take for writing; pinning has one process-wide mutex (pins.mu).
+// Lock order is device.mem, device.mu, pins.mu. mlock runs without
+// device.mu but under pins.mu, so pinning is serialized process-wide: a
+// page must not be unlocked by one region's Dereg while another region is
+// locking it.
 package soft
 
 import (
