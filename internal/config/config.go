@@ -2,7 +2,9 @@ package config
 
 import (
 	"log/slog"
+	"net/netip"
 	"os"
+	"time"
 
 	"mrfs/verbs"
 )
@@ -14,6 +16,7 @@ type Config struct {
 	Buffers Buffers
 	Mount   Mount
 	Log     Log
+	Remote  Remote
 }
 
 // Verbs is the [verbs] table: which backend and device a mount uses.
@@ -48,6 +51,31 @@ type Log struct {
 	Format string     // log.format: FormatText or FormatJSON
 }
 
+// Remote is the [remote] table: whether and how peers reach the mount's
+// protection domains for one-sided operations (docs/REMOTE.md).
+type Remote struct {
+	// Listen (remote.listen) is host:port to accept peers on; "" (the
+	// default) turns remote access off. Port 0 picks a free port, shown
+	// in the user.mrfs.remote xattr.
+	Listen string
+	// AllowFrom (remote.allow_from) are the networks peers may connect
+	// from; others are closed on accept. Default: loopback only.
+	AllowFrom []netip.Prefix
+	// MaxConnections (remote.max_connections) bounds connected peers.
+	MaxConnections int
+	// MaxMessageSize (remote.max_message_size) bounds one READ or WRITE.
+	MaxMessageSize Size
+	// Timeout (remote.timeout) bounds how long a started frame, the hello
+	// and each reply may take: a peer that trickles bytes is cut off.
+	Timeout time.Duration
+}
+
+// Limits of [remote].
+const (
+	// MaxMessageLimit is InfiniBand's largest message, 2 GiB.
+	MaxMessageLimit = 1 << 31
+)
+
 // The values of verbs.backend.
 const (
 	BackendAuto = "auto"
@@ -73,6 +101,12 @@ func Default() Config {
 		},
 		Mount: Mount{ZeroCopy: true, Umask: 0o077},
 		Log:   Log{Level: slog.LevelInfo, Format: FormatText},
+		Remote: Remote{
+			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+			MaxConnections: 64,
+			MaxMessageSize: 16 << 20,
+			Timeout:        10 * time.Second,
+		},
 	}
 }
 

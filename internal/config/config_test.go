@@ -5,9 +5,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"net/netip"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"mrfs/verbs"
 )
@@ -75,12 +78,12 @@ func TestDefaults(t *testing.T) {
 
 func TestEmptyIsDefault(t *testing.T) {
 	for _, s := range []string{"", "\n# nothing\n", "[verbs]\n[buffers]\n[mount]\n[log]\n"} {
-		if c := mustParse(t, s); c != Default() {
+		if c := mustParse(t, s); !reflect.DeepEqual(c, Default()) {
 			t.Errorf("Parse(%q) = %+v, want Default()", s, c)
 		}
 	}
 	c, err := Load("")
-	if err != nil || c != Default() {
+	if err != nil || !reflect.DeepEqual(c, Default()) {
 		t.Errorf(`Load("") = %+v, %v`, c, err)
 	}
 }
@@ -91,7 +94,7 @@ func TestCommittedFileIsDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c != Default() {
+	if !reflect.DeepEqual(c, Default()) {
 		t.Errorf("config.toml = %+v\nDefault()  = %+v", c, Default())
 	}
 	// Every key the schema knows is written out in the file.
@@ -134,6 +137,13 @@ umask = "022"
 [log]
 level = "debug"
 format = "json"
+
+[remote]
+listen = "127.0.0.1:7471"
+allow_from = ["10.0.0.0/8", "192.168.1.7", "fd00::/8"]
+max_connections = 8
+max_message_size = "1MiB"
+timeout = "1500ms"
 `)
 	want := Config{
 		Verbs: Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16},
@@ -146,8 +156,15 @@ format = "json"
 		},
 		Mount: Mount{AllowOther: true, ZeroCopy: false, Umask: 0o022},
 		Log:   Log{Level: slog.LevelDebug, Format: "json"},
+		Remote: Remote{
+			Listen:         "127.0.0.1:7471",
+			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.7/32"), netip.MustParsePrefix("fd00::/8")},
+			MaxConnections: 8,
+			MaxMessageSize: 1 << 20,
+			Timeout:        1500 * time.Millisecond,
+		},
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/netip"
 	"reflect"
 	"regexp"
 	"sort"
@@ -41,6 +42,13 @@ type file struct {
 		Level  levelName `toml:"level"`
 		Format string    `toml:"format"`
 	} `toml:"log"`
+	Remote struct {
+		Listen         string     `toml:"listen"`
+		AllowFrom      prefixList `toml:"allow_from"`
+		MaxConnections int        `toml:"max_connections"`
+		MaxMessageSize Size       `toml:"max_message_size"`
+		Timeout        duration   `toml:"timeout"`
+	} `toml:"remote"`
 }
 
 func decode(data []byte) (Config, error) {
@@ -53,6 +61,8 @@ func decode(data []byte) (Config, error) {
 	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
 	name, _ := knownLevel(d.Log.Level)
 	f.Log.Level, f.Log.Format = levelName(name), d.Log.Format
+	f.Remote.Listen, f.Remote.AllowFrom, f.Remote.MaxConnections = d.Remote.Listen, d.Remote.AllowFrom, d.Remote.MaxConnections
+	f.Remote.MaxMessageSize, f.Remote.Timeout = d.Remote.MaxMessageSize, duration(d.Remote.Timeout)
 
 	md, err := toml.Decode(string(data), &f)
 	if err != nil {
@@ -73,6 +83,13 @@ func decode(data []byte) (Config, error) {
 		},
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
 		Log:   Log{Level: level, Format: f.Log.Format},
+		Remote: Remote{
+			Listen:         f.Remote.Listen,
+			AllowFrom:      f.Remote.AllowFrom,
+			MaxConnections: f.Remote.MaxConnections,
+			MaxMessageSize: f.Remote.MaxMessageSize,
+			Timeout:        time.Duration(f.Remote.Timeout),
+		},
 	}, nil
 }
 
@@ -279,6 +296,55 @@ func (l *levelName) UnmarshalTOML(v any) error {
 		return fmt.Errorf("%q is not a level; use debug, info, warn or error", s)
 	}
 	*l = levelName(s)
+	return nil
+}
+
+// prefixList is remote.allow_from: CIDR networks, or single addresses
+// (taken as /32 or /128).
+type prefixList []netip.Prefix
+
+func (l *prefixList) UnmarshalTOML(v any) error {
+	items, ok := v.([]any)
+	if !ok {
+		return fmt.Errorf("got a TOML %s, want a list of networks such as [\"127.0.0.0/8\", \"::1/128\"]", tomlType(v))
+	}
+	out := prefixList{} // [] stays an empty list: nobody may connect
+	for _, it := range items {
+		s, ok := it.(string)
+		if !ok {
+			return fmt.Errorf("list element is a TOML %s; want a network such as \"10.0.0.0/8\"", tomlType(it))
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return fmt.Errorf("%q is not a network (\"10.0.0.0/8\") or an address (\"10.0.0.1\")", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p != p.Masked() {
+			return fmt.Errorf("%q has host bits set; did you mean %q?", s, p.Masked())
+		}
+		out = append(out, p)
+	}
+	*l = out
+	return nil
+}
+
+// duration is a Go duration string ("10s", "500ms"); a bare integer is
+// refused because its unit would be a guess.
+type duration time.Duration
+
+func (d *duration) UnmarshalTOML(v any) error {
+	s, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("got a TOML %s; want a quoted duration such as \"10s\"", tomlType(v))
+	}
+	t, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration; write e.g. \"10s\" or \"500ms\"", s)
+	}
+	*d = duration(t)
 	return nil
 }
 

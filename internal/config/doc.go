@@ -9,7 +9,8 @@
 //
 // Value formats:
 //
-//   - Sizes (buffers.default_size, buffers.max_pinned) are a non-negative
+//   - Sizes (buffers.default_size, buffers.max_pinned,
+//     remote.max_message_size) are a non-negative
 //     TOML integer of bytes, or a string: a whole number with an optional
 //     unit B, KiB, MiB, GiB, TiB, PiB or EiB (powers of 1024, any case,
 //     optional space: "64KiB", "1 GiB"). KB/MB/GB and K/M/G are rejected
@@ -25,4 +26,7 @@
 //     silent weakening of key secrecy, and the decoder cannot tell 0o22
 //     from 18.
 //   - Enumerations (verbs.backend, log.level, log.format) are lower case.
+//   - remote.listen is "host:port" with an IP literal or empty host;
+//     remote.allow_from is a list of CIDR networks or single addresses;
+//     remote.timeout is a quoted Go duration ("10s"), never a bare number.
 package config

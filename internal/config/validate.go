@@ -2,6 +2,9 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"net"
+	"net/netip"
 	"strconv"
 
 	"mrfs/verbs"
@@ -71,7 +74,41 @@ func (c Config) Validate() error {
 	default:
 		bad("log.format", "%q is not a format; use text or json", c.Log.Format)
 	}
+	r := c.Remote
+	if r.Listen != "" {
+		if err := checkListen(r.Listen); err != "" {
+			bad("remote.listen", "%q: %s", r.Listen, err)
+		}
+	}
+	if r.MaxConnections < 1 {
+		bad("remote.max_connections", "%d: want at least 1", r.MaxConnections)
+	}
+	if r.MaxMessageSize < 1 || r.MaxMessageSize > MaxMessageLimit {
+		bad("remote.max_message_size", "%s is out of range; use 1 B to 2 GiB (InfiniBand's largest message)", r.MaxMessageSize)
+	}
+	if r.Timeout <= 0 {
+		bad("remote.timeout", "%s: want a positive duration such as \"10s\"", r.Timeout)
+	}
 	return join(errs)
+}
+
+// checkListen says what is wrong with a listen address, or "". The host
+// must be an IP literal or empty (every address): a name would depend on
+// the resolver at mount time, and what it bound to would be a surprise.
+func checkListen(s string) string {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return "want host:port, e.g. \"127.0.0.1:7471\" or \"[::1]:7471\""
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Sprintf("port %q is not a number from 0 to 65535", port)
+	}
+	if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return fmt.Sprintf("host %q is not an IP address; write the address to listen on (or leave it empty for all)", host)
+		}
+	}
+	return ""
 }
 
 // join is errors.Join, except that one error comes back as itself, so
