@@ -355,7 +355,20 @@ func unexpected(err error) error {
 // from it: a path or message too long, data past MaxMessageLimit, a
 // completion whose payload does not fit its status and opcode.
 func Append(dst []byte, f Frame) ([]byte, error) {
+	return appendFrame(dst, f, true)
+}
+
+// AppendPrefix is Append without the bytes of f.Data (a WRITE's payload,
+// a READ completion's result), though the length in the header counts
+// them: the caller sends f.Data right after, e.g. with net.Buffers, and
+// saves copying a large message.
+func AppendPrefix(dst []byte, f Frame) ([]byte, error) {
+	return appendFrame(dst, f, false)
+}
+
+func appendFrame(dst []byte, f Frame, withData bool) ([]byte, error) {
 	be := binary.BigEndian
+	var extra int // data counted in the length but left to the caller
 	var body []byte
 	start := len(dst)
 	dst = append(dst, byte(f.Type), 0, 0, 0, 0, 0, 0, 0)
@@ -397,7 +410,11 @@ func Append(dst []byte, f Frame) ([]byte, error) {
 		dst = be.AppendUint32(dst, 0)
 		switch f.Type {
 		case TypeWrite:
-			dst = append(dst, f.Data...)
+			if withData {
+				dst = append(dst, f.Data...)
+			} else {
+				extra = len(f.Data)
+			}
 		case TypeCAS:
 			dst = be.AppendUint64(dst, f.Compare)
 			dst = be.AppendUint64(dst, f.Swap)
@@ -416,13 +433,17 @@ func Append(dst []byte, f Frame) ([]byte, error) {
 			if len(f.Data) > MaxMessageLimit {
 				return dst[:start], fmt.Errorf("encode COMPLETION: %d bytes is past the %d limit", len(f.Data), MaxMessageLimit)
 			}
-			dst = append(dst, f.Data...)
+			if withData {
+				dst = append(dst, f.Data...)
+			} else {
+				extra = len(f.Data)
+			}
 		case f.Op == TypeCAS || f.Op == TypeFetchAdd:
 			dst = be.AppendUint64(dst, f.Old)
 		}
 	default:
 		return dst[:start], fmt.Errorf("encode: unknown frame type %s", f.Type)
 	}
-	be.PutUint32(dst[start+4:], uint32(len(dst)-start-HeaderSize))
+	be.PutUint32(dst[start+4:], uint32(len(dst)-start-HeaderSize+extra))
 	return dst, nil
 }

@@ -143,6 +143,19 @@ func TestRefused(t *testing.T) {
 	}
 }
 
+func TestAppendPrefix(t *testing.T) {
+	for _, f := range samples {
+		whole := mustAppend(t, f)
+		prefix, err := AppendPrefix(nil, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := append(prefix, f.Data...); !bytes.Equal(got, whole) {
+			t.Errorf("%s: prefix+data = %x, want %x", f.Type, got, whole)
+		}
+	}
+}
+
 func TestTruncatedStream(t *testing.T) {
 	b := mustAppend(t, Frame{Type: TypeWrite, Data: make([]byte, 100)})
 	for _, n := range []int{1, HeaderSize - 1, HeaderSize, len(b) - 1} {

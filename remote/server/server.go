@@ -1,0 +1,334 @@
+// Package server is the soft remote transport: a TCP listener that gives
+// each accepted peer the responder side of an RC queue pair in the PD of
+// the directory its hello names, and executes the peer's one-sided
+// operations through that PD's verbs.Responder (the soft backend), one at
+// a time, in order. The wire format is remote/proto (docs/PROTOCOL.md).
+//
+// Peers are not trusted. A peer outside allow_from is closed on accept;
+// past max_connections it is refused; a hello, a started frame and each
+// reply must complete within the timeout (slowloris); a frame that breaks
+// the format ends that connection and nothing else. An operation that
+// fails a check completes with the requester's status and moves the
+// connection to the error state of an RC QP: every later operation
+// completes with IBV_WC_WR_FLUSH_ERR without running.
+package server
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime/debug"
+	"sync"
+	"syscall"
+	"time"
+
+	"mrfs/remote"
+	"mrfs/remote/proto"
+	"mrfs/verbs"
+)
+
+// Options are the [remote] limits.
+type Options struct {
+	AllowFrom  []netip.Prefix // peers' networks; empty: nobody
+	MaxConns   int            // connected peers at once (at least 1)
+	MaxMessage uint32         // largest READ or WRITE
+	Timeout    time.Duration  // hello, started frame, reply
+	Log        *slog.Logger
+}
+
+// Server accepts peers on one listener.
+type Server struct {
+	opt Options
+	ln  net.Listener
+	wg  sync.WaitGroup // the accept loop and every connection
+
+	// guards: conns and closed.
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// New serves on ln once Start is called. Binding first and serving later
+// lets the caller show the bound address (port 0) before peers arrive.
+func New(ln net.Listener, opt Options) *Server {
+	if opt.Log == nil {
+		opt.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{opt: opt, ln: ln, conns: map[net.Conn]struct{}{}}
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Start accepts peers in the background; resolve maps a hello's
+// directory to its PD.
+func (s *Server) Start(resolve remote.Resolver) {
+	s.wg.Add(1)
+	go s.accept(resolve)
+}
+
+// Close stops accepting, closes every connection and waits until no
+// connection goroutine is left, so that nothing touches a PD afterwards.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	conns := s.conns
+	s.conns = map[net.Conn]struct{}{}
+	s.mu.Unlock()
+	err := s.ln.Close()
+	for c := range conns {
+		c.Close()
+	}
+	s.wg.Wait()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("close remote listener %s: %w", s.ln.Addr(), err)
+	}
+	return nil
+}
+
+func (s *Server) accept(resolve remote.Resolver) {
+	defer s.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: wait and retry
+			// rather than spin or give up on every later peer.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.opt.Log.Warn("remote: accept failed; retrying", "err", err, "in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.admit(c, resolve)
+	}
+}
+
+// admit applies allow_from and max_connections, then serves c.
+func (s *Server) admit(c net.Conn, resolve remote.Resolver) {
+	peer := c.RemoteAddr().String()
+	if !s.allowed(c.RemoteAddr()) {
+		s.opt.Log.Info("remote: peer not in allow_from; closed", "peer", peer)
+		c.Close()
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	if len(s.conns) >= s.opt.MaxConns {
+		s.mu.Unlock()
+		s.opt.Log.Info("remote: max_connections reached; peer refused", "peer", peer, "max_connections", s.opt.MaxConns)
+		// A fresh socket's send buffer takes this without blocking; the
+		// deadline only bounds the unexpected.
+		c.SetWriteDeadline(time.Now().Add(s.opt.Timeout))
+		b, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(syscall.EBUSY),
+			Msg: fmt.Sprintf("too many connections (max_connections = %d)", s.opt.MaxConns)})
+		c.Write(b)
+		c.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+			c.Close()
+		}()
+		defer func() {
+			// A bug in serving one peer must not take the daemon, and
+			// every other peer and the mount, down with it.
+			if e := recover(); e != nil {
+				s.opt.Log.Error("remote: panic serving a peer; connection closed", "peer", peer, "panic", e, "stack", string(debug.Stack()))
+			}
+		}()
+		s.serve(c, resolve)
+	}()
+}
+
+func (s *Server) allowed(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	for _, p := range s.opt.AllowFrom {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// conn is one peer's queue pair.
+type conn struct {
+	s    *Server
+	c    net.Conn
+	r    *proto.Reader
+	resp verbs.Responder
+	log  *slog.Logger
+	out  []byte // reply frames, reused
+	data []byte // READ results, reused; at most MaxMessage
+	// failed: an operation completed in error; the QP is in ERROR and
+	// flushes everything after (IB spec; verbs-semantics.md §5).
+	failed bool
+}
+
+func (s *Server) serve(c net.Conn, resolve remote.Resolver) {
+	k := &conn{s: s, c: c, log: s.opt.Log.With("peer", c.RemoteAddr().String())}
+	k.r = proto.NewReader(bufio.NewReaderSize(c, 64<<10), s.opt.MaxMessage)
+	detach, err := k.hello(resolve)
+	if err != nil {
+		k.log.Info("remote: hello failed; connection closed", "err", err)
+		return
+	}
+	defer detach()
+	ops, err := k.loop()
+	switch {
+	case err == nil || errors.Is(err, io.EOF):
+		k.log.Debug("remote: peer disconnected", "ops", ops)
+	case errors.Is(err, net.ErrClosed):
+		k.log.Debug("remote: connection closed by mrfs (rmdir, unmount)", "ops", ops)
+	default:
+		k.log.Info("remote: connection ended", "ops", ops, "err", err)
+	}
+}
+
+// hello reads the peer's HELLO, finds its PD and attaches the connection
+// to the PD's domain, so that rmdir and unmount close it before the PD
+// goes. A refusal is answered with HELLO_ERR and an errno.
+func (k *conn) hello(resolve remote.Resolver) (detach func(), err error) {
+	k.c.SetReadDeadline(time.Now().Add(k.s.opt.Timeout))
+	f, err := k.r.Next()
+	if err != nil {
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	if f.Type != proto.TypeHello {
+		return nil, fmt.Errorf("%w: first frame is %s, want HELLO", proto.ErrProtocol, f.Type)
+	}
+	refuse := func(errno syscall.Errno, err error) (func(), error) {
+		k.send(proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(errno), Msg: err.Error()})
+		return nil, err
+	}
+	if f.Version != proto.Version {
+		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", f.Version, proto.Version))
+	}
+	dom, err := resolve(f.Path)
+	if err != nil {
+		return refuse(errnoOf(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
+	}
+	rp, ok := dom.VerbsPD().(verbs.ResponderPD)
+	if !ok {
+		return refuse(syscall.EOPNOTSUPP, fmt.Errorf("pd %q: the verbs backend cannot serve the soft transport", f.Path))
+	}
+	detach, err = dom.Attach(k.c)
+	if err != nil {
+		return refuse(errnoOf(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
+	}
+	k.resp = rp.Responder()
+	if err := k.send(proto.Frame{Type: proto.TypeHelloOK, Version: proto.Version, PD: dom.PD(), MaxMessage: k.s.opt.MaxMessage}); err != nil {
+		detach()
+		return nil, err
+	}
+	k.log = k.log.With("pd", f.Path)
+	k.log.Debug("remote: peer connected")
+	return detach, nil
+}
+
+func errnoOf(err error, fallback syscall.Errno) syscall.Errno {
+	if e := verbs.Errno(err); e != 0 {
+		return e
+	}
+	return fallback
+}
+
+// loop runs operations until the peer goes or breaks the format.
+func (k *conn) loop() (ops int, err error) {
+	timeout := k.s.opt.Timeout
+	for {
+		// Idle between frames is allowed (an RC QP may idle for ever);
+		// once a frame starts it must arrive whole within the timeout.
+		k.c.SetReadDeadline(time.Time{})
+		f, err := k.r.NextStarted(func() { k.c.SetReadDeadline(time.Now().Add(timeout)) })
+		if err != nil {
+			return ops, err
+		}
+		if !f.Type.IsOp() {
+			return ops, fmt.Errorf("%w: %s after the hello", proto.ErrProtocol, f.Type)
+		}
+		ops++
+		if err := k.send(k.execute(f)); err != nil {
+			return ops, err
+		}
+	}
+}
+
+// execute runs one operation and returns its completion.
+func (k *conn) execute(f proto.Frame) proto.Frame {
+	c := proto.Frame{Type: proto.TypeCompletion, WRID: f.WRID, Op: f.Type}
+	if k.failed {
+		c.Status = uint32(verbs.WCWRFlushErr)
+		return c
+	}
+	var st verbs.WCStatus
+	switch f.Type {
+	case proto.TypeRead:
+		if f.Length > k.s.opt.MaxMessage {
+			// Longer than the path's largest message: a length error,
+			// which a responder NAKs as an invalid request.
+			st = verbs.WCRemInvReqErr
+			break
+		}
+		if cap(k.data) < int(f.Length) {
+			k.data = make([]byte, f.Length)
+		}
+		c.Data = k.data[:f.Length]
+		st = k.resp.Read(c.Data, f.IOVA, f.RKey)
+	case proto.TypeWrite:
+		st = k.resp.Write(f.IOVA, f.RKey, f.Data)
+	case proto.TypeCAS:
+		c.Old, st = k.resp.CompareSwap(f.IOVA, f.RKey, f.Compare, f.Swap)
+	case proto.TypeFetchAdd:
+		c.Old, st = k.resp.FetchAdd(f.IOVA, f.RKey, f.Add)
+	}
+	c.Status = uint32(st)
+	if st != verbs.WCSuccess {
+		c.Data, c.Old = nil, 0
+		k.failed = true
+		k.log.Debug("remote: operation failed; queue pair in error", "op", f.Type, "iova", fmt.Sprintf("0x%x", f.IOVA),
+			"rkey", fmt.Sprintf("0x%x", f.RKey), "status", st)
+	}
+	return c
+}
+
+// send writes one frame within the timeout; a READ result goes out from
+// its own buffer, not copied behind the header.
+func (k *conn) send(f proto.Frame) error {
+	var err error
+	k.out, err = proto.AppendPrefix(k.out[:0], f)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", f.Type, err)
+	}
+	k.c.SetWriteDeadline(time.Now().Add(k.s.opt.Timeout))
+	bufs := net.Buffers{k.out}
+	if len(f.Data) > 0 {
+		bufs = append(bufs, f.Data)
+	}
+	if _, err := bufs.WriteTo(k.c); err != nil {
+		return fmt.Errorf("send %s: %w", f.Type, err)
+	}
+	return nil
+}
