@@ -31,14 +31,28 @@ type Options struct {
 	// is set by the caller when it allocates the root domain.
 	DefaultAccess verbs.Access
 	Log           *slog.Logger
+	// Remote says where peers reach the mount's PDs, e.g.
+	// "tcp 127.0.0.1:7471", or "" when remote access is off; it is asked
+	// at every read of user.mrfs.remote, since the transport may start
+	// after the mount. nil: off.
+	Remote func() string
 }
 
-// filesystem is what every node shares. Immutable after mount.
+// filesystem is what every node shares.
+//
+// Lock order: treeMu, then a node's metaNode.mu or its buffer's locks;
+// never the reverse, so nothing holding a node or buffer lock may look up
+// names.
 type filesystem struct {
 	Options
 	mgr *buffer.Manager
 	log *slog.Logger
+
+	treeMu sync.RWMutex // guards: every dirNode.entries (the namespace)
 }
+
+// maxNameLen is NAME_MAX, as statfs reports it.
+const maxNameLen = 255
 
 // meta is the POSIX metadata mrfs keeps for a node; sizes come from the
 // buffer.

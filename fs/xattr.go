@@ -30,12 +30,13 @@ const (
 	xattrDesc          = xattrPrefix + "desc"
 	xattrDefaultAccess = xattrPrefix + "default_access"
 	xattrStats         = xattrPrefix + "stats"
+	xattrRemote        = xattrPrefix + "remote"
 )
 
 var (
 	fileXattrs = []string{xattrLKey, xattrRKey, xattrAddr, xattrLength, xattrAccess,
 		xattrDevice, xattrPD, xattrState, xattrZeroCopy, xattrDesc}
-	dirXattrs  = []string{xattrPD, xattrDevice, xattrDefaultAccess}
+	dirXattrs  = []string{xattrPD, xattrDevice, xattrDefaultAccess, xattrRemote}
 	rootXattrs = append(append([]string{}, dirXattrs...), xattrStats)
 )
 
@@ -140,8 +141,25 @@ func (d *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
 		if d.root {
 			return d.fsys.statsJSON(), 0
 		}
+	case xattrRemote:
+		return []byte(d.remote()), 0
 	}
 	return nil, syscall.ENODATA
+}
+
+// remote is user.mrfs.remote (docs/REMOTE.md): "off", or the transport,
+// the address and the directory a peer names in its hello, e.g.
+// "tcp 127.0.0.1:7471 /tenant". The directory comes last so that a
+// script may split on the first two spaces whatever the name holds.
+func (d *dirNode) remote() string {
+	where := ""
+	if d.fsys.Remote != nil {
+		where = d.fsys.Remote()
+	}
+	if where == "" {
+		return "off"
+	}
+	return where + " /" + d.Path(nil)
 }
 
 // getxattr answers with the value, or with its size when dest is too

@@ -1,5 +1,5 @@
-// Package cli is mrfs's command line: mount, umount, status, devices and
-// version, with their flags, logging and signal handling.
+// Package cli is mrfs's command line: mount, umount, status, devices,
+// remote and version, with their flags, logging and signal handling.
 package cli
 
 import (
@@ -25,6 +25,8 @@ const usage = `usage:
   mrfs umount [--lazy] MOUNTPOINT
   mrfs status MOUNTPOINT
   mrfs devices [--config FILE] [--backend auto|rdma|soft]
+  mrfs remote read|write|cas|fadd --peer HOST:PORT --pd DIR --addr 0x.. --rkey 0x..
+              [--length N] [--compare X --swap Y] [--add N] [--timeout 10s]
   mrfs version
 `
 
@@ -48,6 +50,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(args[1:], stdout)
 	case "devices":
 		err = cmdDevices(args[1:], stdout)
+	case "remote":
+		err = cmdRemote(args[1:], stdout)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "mrfs", version())
 	case "help", "-h", "--help":

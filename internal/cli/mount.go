@@ -55,6 +55,11 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	remote, err := bindRemote(cfg.Remote, prov.Name(), log)
+	if err != nil {
+		dev.Close()
+		return err
+	}
 	mgr := buffer.NewManager(dev, buffer.Options{
 		MaxBuffers: cfg.Buffers.MaxBuffers,
 		MaxPinned:  uint64(cfg.Buffers.MaxPinned),
@@ -68,8 +73,10 @@ func cmdMount(args []string, stderr io.Writer) error {
 		DefaultSize:   uint64(cfg.Buffers.DefaultSize),
 		DefaultAccess: cfg.Buffers.DefaultAccess,
 		Log:           log,
+		Remote:        remote.Where,
 	}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther})
 	if err != nil {
+		remote.Close()
 		mgr.Close()
 		dev.Close()
 		if errors.Is(err, fs.ErrNoPassthrough) {
@@ -88,17 +95,26 @@ func cmdMount(args []string, stderr io.Writer) error {
 		srv.Wait()
 		close(unmounted)
 	}()
-	select {
-	case sig := <-sigs:
-		log.Info("shutting down", "signal", sig.String())
-	case <-unmounted:
-		log.Info("unmounted from outside; shutting down")
+	var errs []error
+	if err := remote.start(srv.Domain); err != nil {
+		errs = append(errs, err)
+	} else {
+		select {
+		case sig := <-sigs:
+			log.Info("shutting down", "signal", sig.String())
+		case <-unmounted:
+			log.Info("unmounted from outside; shutting down")
+		}
 	}
 
 	// DESIGN.md's order: every region deregistered and every PD
 	// deallocated, the device closed, then the unmount.
 	st := mgr.Stats()
-	var errs []error
+	// Peers go first: their queue pairs live in the PDs, and no operation
+	// may reach a region while it is deregistered.
+	if err := remote.Close(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := mgr.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("deregister: %w", err))
 	}

@@ -1,0 +1,384 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/remote/client"
+	"mrfs/remote/proto"
+	"mrfs/verbs"
+)
+
+const xRemote = "user.mrfs.remote"
+
+// remoteConfig listens on a free loopback port; the test finds it in
+// user.mrfs.remote.
+const remoteConfig = `listen = "127.0.0.1:0"
+timeout = "500ms"
+max_message_size = "2MiB"`
+
+const allRemote = "local_write,remote_write,remote_read,remote_atomic"
+
+// startRemote mounts with remote access on and returns the peer address.
+func startRemote(t *testing.T) (*daemon, string) {
+	t.Helper()
+	d := startDaemon(t, daemonConfig{Remote: remoteConfig})
+	v := mustXattr(t, d.mnt, xRemote)
+	f := strings.SplitN(v, " ", 3)
+	if len(f) != 3 || f[0] != "tcp" || f[2] != "/" || !strings.HasPrefix(f[1], "127.0.0.1:") || strings.HasSuffix(f[1], ":0") {
+		t.Fatalf("%s of the root = %q, want \"tcp 127.0.0.1:PORT /\"", xRemote, v)
+	}
+	return d, f[1]
+}
+
+// remoteBuf creates a file of size bytes with access and returns its
+// (addr, rkey).
+func remoteBuf(t *testing.T, path string, size int, access string) (uint64, uint32) {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	mustSetxattr(t, path, xAccess, access)
+	return keysOf(t, path)
+}
+
+func keysOf(t *testing.T, path string) (uint64, uint32) {
+	t.Helper()
+	a, err := strconv.ParseUint(mustXattr(t, path, xAddr), 0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := strconv.ParseUint(mustXattr(t, path, xRkey), 0, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, uint32(k)
+}
+
+func dialPD(t *testing.T, peer, dir string) *client.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, peer, dir)
+	if err != nil {
+		t.Fatalf("dial %s pd %s: %v", peer, dir, err)
+	}
+	c.SetDeadline(time.Now().Add(cmdTimeout))
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// The issue's script, through the CLI: a WRITE lands and is seen at once
+// through a mapping made before it and through cat; a READ returns what a
+// local process wrote; CAS and FADD on aligned words; misaligned is
+// REM_INV_REQ_ERR with exit 1.
+func TestRemoteShell(t *testing.T) {
+	d, peer := startRemote(t)
+	rx := d.path("rx")
+	remoteBuf(t, rx, 4096, allRemote)
+	fh, err := os.OpenFile(rx, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	m, err := unix.Mmap(int(fh.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+
+	script := fmt.Sprintf(`
+peer=%s; f=%s
+addr=$(getfattr --only-values -n user.mrfs.addr $f)
+rkey=$(getfattr --only-values -n user.mrfs.rkey $f)
+printf 'hello from afar' | mrfs remote write --peer $peer --pd / --addr $addr --rkey $rkey
+head -c 15 $f; echo
+printf 'written locally' | dd of=$f bs=1 seek=100 conv=notrunc status=none
+mrfs remote read --peer $peer --pd / --addr $((addr + 100)) --rkey $rkey --length 15; echo
+mrfs remote fadd --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 5
+mrfs remote fadd --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 0x10
+mrfs remote cas --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 0xabc
+mrfs remote cas --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 7
+`, peer, rx)
+	out := mustSh(t, script)
+	want := "hello from afar\nwritten locally\n0x0\n0x5\n0x15\n0xabc\n"
+	if out != want {
+		t.Errorf("script output:\n%s\nwant:\n%s", out, want)
+	}
+	if string(m[:15]) != "hello from afar" {
+		t.Errorf("the mapping sees %q", m[:15])
+	}
+	if v := binary.NativeEndian.Uint64(m[1024:]); v != 0xabc {
+		t.Errorf("the word at 1024 through the mapping = %#x, want 0xabc", v)
+	}
+	// A remote WRITE while the mapping is held is visible at once.
+	c := dialPD(t, peer, "/")
+	addr, rkey := keysOf(t, rx)
+	if err := c.Write(addr+2000, rkey, []byte("now")); err != nil {
+		t.Fatal(err)
+	}
+	if string(m[2000:2003]) != "now" {
+		t.Errorf("mapping after WRITE: %q", m[2000:2003])
+	}
+
+	_, errOut, err := sh(t, fmt.Sprintf("mrfs remote fadd --peer %s --pd / --addr %d --rkey %d --add 1", peer, addr+1028, rkey))
+	if exitCode(err) != 1 || !strings.Contains(errOut, "IBV_WC_REM_INV_REQ_ERR") {
+		t.Errorf("misaligned fadd: exit %d, stderr %q; want 1 and IBV_WC_REM_INV_REQ_ERR", exitCode(err), errOut)
+	}
+	_, errOut, err = sh(t, fmt.Sprintf("mrfs remote read --peer %s --pd / --addr %d --rkey %d --length 1", peer, addr+4096, rkey))
+	if exitCode(err) != 1 || !strings.Contains(errOut, "IBV_WC_REM_ACCESS_ERR") {
+		t.Errorf("read past the end: exit %d, stderr %q; want 1 and IBV_WC_REM_ACCESS_ERR", exitCode(err), errOut)
+	}
+}
+
+// Every violation is REM_ACCESS_ERR (misaligned atomics REM_INV_REQ_ERR)
+// and changes no byte of any buffer.
+func TestRemoteViolations(t *testing.T) {
+	d, peer := startRemote(t)
+	full := d.path("full")
+	faddr, fkey := remoteBuf(t, full, 8192, allRemote)
+	ro := d.path("ro")
+	roAddr, roKey := remoteBuf(t, ro, 4096, "remote_read")
+	wo := d.path("wo")
+	woAddr, woKey := remoteBuf(t, wo, 4096, "local_write,remote_write")
+	if err := os.Mkdir(d.path("other"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other := d.path("other", "buf")
+	oAddr, oKey := remoteBuf(t, other, 4096, allRemote)
+	gone := d.path("gone")
+	gAddr, gKey := remoteBuf(t, gone, 4096, allRemote)
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	changed := d.path("changed")
+	cAddr, cKey := remoteBuf(t, changed, 4096, allRemote)
+	mustSetxattr(t, changed, xAccess, "local_write,remote_write,remote_read")
+	resized := d.path("resized")
+	rAddr, rKey := remoteBuf(t, resized, 4096, allRemote)
+	if err := os.Truncate(resized, 8192); err != nil {
+		t.Fatal(err)
+	}
+	if a, k := keysOf(t, changed); k == cKey && a == cAddr {
+		t.Fatal("access change kept the keys")
+	}
+	files := []string{full, ro, wo, other, changed, resized}
+	for _, f := range files {
+		data := bytes.Repeat([]byte{0xa5}, 4096)
+		if fh, err := os.OpenFile(f, os.O_WRONLY, 0); err == nil {
+			fh.WriteAt(data, 0)
+			fh.Close()
+		}
+	}
+	x := []byte("XXXXXXXX")
+	rd := func(c *client.Conn, a uint64, k uint32) error { return c.Read(make([]byte, 8), a, k) }
+	fadd := func(c *client.Conn, a uint64, k uint32) error { _, err := c.FetchAdd(a, k, 1); return err }
+	cas := func(c *client.Conn, a uint64, k uint32) error { _, err := c.CompareSwap(a, k, 0, 1); return err }
+	wr := func(c *client.Conn, a uint64, k uint32) error { return c.Write(a, k, x) }
+	for _, tc := range []struct {
+		name string
+		op   func(*client.Conn, uint64, uint32) error
+		addr uint64
+		key  uint32
+		want verbs.WCStatus
+	}{
+		{"wrong rkey", wr, faddr, fkey ^ 0x5a, verbs.WCRemAccessErr},
+		{"range past the end", wr, faddr + 8190, fkey, verbs.WCRemAccessErr},
+		{"before the start", rd, faddr - 8, fkey, verbs.WCRemAccessErr},
+		{"WRITE without remote_write", wr, roAddr, roKey, verbs.WCRemAccessErr},
+		{"READ without remote_read", rd, woAddr, woKey, verbs.WCRemAccessErr},
+		{"atomic without remote_atomic", fadd, woAddr, woKey, verbs.WCRemAccessErr},
+		{"buffer of another PD", wr, oAddr, oKey, verbs.WCRemAccessErr},
+		{"rkey after rm", wr, gAddr, gKey, verbs.WCRemAccessErr},
+		{"old rkey after an access change", wr, cAddr, cKey, verbs.WCRemAccessErr},
+		{"old rkey after a resize", wr, rAddr, rKey, verbs.WCRemAccessErr},
+		{"misaligned CAS", cas, faddr + 4, fkey, verbs.WCRemInvReqErr},
+		{"misaligned FADD", fadd, faddr + 9, fkey, verbs.WCRemInvReqErr},
+	} {
+		before := map[string][]byte{}
+		for _, f := range files {
+			before[f], _ = os.ReadFile(f)
+		}
+		c := dialPD(t, peer, "/") // a fresh QP: the last one is in error
+		err := tc.op(c, tc.addr, tc.key)
+		if got := client.Status(err); got != tc.want {
+			t.Errorf("%s: %v (%v), want %v", tc.name, got, err, tc.want)
+		}
+		// The QP is now in error: even a valid operation is flushed.
+		if err := c.Write(faddr, fkey, x); client.Status(err) != verbs.WCWRFlushErr {
+			t.Errorf("%s: the next WRITE: %v, want IBV_WC_WR_FLUSH_ERR", tc.name, err)
+		}
+		for _, f := range files {
+			if after, _ := os.ReadFile(f); !bytes.Equal(before[f], after) {
+				t.Errorf("%s: %s changed", tc.name, f)
+			}
+		}
+	}
+	// The refused peers did not hurt the daemon.
+	c := dialPD(t, peer, "/other")
+	if err := c.Write(oAddr, oKey, x); err != nil {
+		t.Errorf("WRITE in its own PD: %v", err)
+	}
+}
+
+// Concurrent peers on several PDs: FADDs from many connections add up.
+func TestRemoteConcurrentPDs(t *testing.T) {
+	d, peer := startRemote(t)
+	const pds, peersPer, adds = 3, 4, 200
+	type target struct {
+		dir  string
+		addr uint64
+		key  uint32
+	}
+	var targets []target
+	for i := range pds {
+		dir := fmt.Sprintf("/t%d", i)
+		if err := os.Mkdir(d.path(dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		a, k := remoteBuf(t, d.path(dir, "ctr"), 4096, allRemote)
+		targets = append(targets, target{dir, a, k})
+	}
+	var wg sync.WaitGroup
+	for _, tg := range targets {
+		for range peersPer {
+			c := dialPD(t, peer, tg.dir)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range adds {
+					if _, err := c.FetchAdd(tg.addr, tg.key, 1); err != nil {
+						t.Errorf("%s: %v", tg.dir, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for _, tg := range targets {
+		b, err := os.ReadFile(d.path(tg.dir, "ctr"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := binary.NativeEndian.Uint64(b); v != peersPer*adds {
+			t.Errorf("%s: counter = %d, want %d", tg.dir, v, peersPer*adds)
+		}
+	}
+}
+
+// Hostile peers end only their own connection; a good peer keeps working
+// and the daemon keeps serving.
+func TestRemoteHostilePeers(t *testing.T) {
+	d, peer := startRemote(t)
+	f := d.path("buf")
+	addr, key := remoteBuf(t, f, 4096, allRemote)
+	good := dialPD(t, peer, "/")
+	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/"})
+	badVersion, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: 2, Path: "/"})
+	write, _ := proto.Append(nil, proto.Frame{Type: proto.TypeWrite, IOVA: addr, RKey: key, Data: []byte("evil")})
+	huge := append([]byte{byte(proto.TypeWrite), 0, 0, 0, 0xff, 0xff, 0xff, 0xf0}, make([]byte, 8)...)
+	unknown := append([]byte{0x66, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 8)...)
+	for _, c := range []struct {
+		name    string
+		send    []byte
+		trickle []byte // sent one byte per 200ms after send
+	}{
+		{"garbage instead of a hello", []byte("\x00\x01\x02 not mrfs at all"), nil},
+		{"bad version", badVersion, nil},
+		{"truncated frame", append(append([]byte{}, hello...), write[:len(write)-3]...), nil},
+		{"oversized length", append(append([]byte{}, hello...), huge...), nil},
+		{"unknown op", append(append([]byte{}, hello...), unknown...), nil},
+		{"slowloris hello", nil, hello},
+		{"slowloris frame", hello, write},
+	} {
+		nc, err := net.Dial("tcp", peer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Write(c.send)
+		stop := make(chan struct{})
+		go func() {
+			for _, b := range c.trickle {
+				select {
+				case <-stop:
+					return
+				case <-time.After(200 * time.Millisecond):
+				}
+				if _, err := nc.Write([]byte{b}); err != nil {
+					return
+				}
+			}
+		}()
+		nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		start := time.Now()
+		_, err = io.Copy(io.Discard, nc)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("%s: the daemon kept the connection open for 10s", c.name)
+		}
+		close(stop)
+		nc.Close()
+		t.Logf("%s: closed by the daemon after %v", c.name, time.Since(start).Round(10*time.Millisecond))
+		if err := good.Write(addr, key, []byte("good")); err != nil {
+			t.Fatalf("after %s: the good peer failed: %v", c.name, err)
+		}
+	}
+	if b, _ := os.ReadFile(f); !bytes.HasPrefix(b, []byte("good")) {
+		t.Errorf("buffer = %q, want the good peer's bytes", b[:8])
+	}
+	if d.exited() {
+		t.Fatal("the daemon exited")
+	}
+}
+
+// Off by default; rmdir ends the PD's connections; unmount ends all.
+func TestRemoteOffAndRmdir(t *testing.T) {
+	off := startDaemon(t, daemonConfig{})
+	if v := mustXattr(t, off.mnt, xRemote); v != "off" {
+		t.Errorf("%s without remote.listen = %q, want off", xRemote, v)
+	}
+
+	d, peer := startRemote(t)
+	if err := os.Mkdir(d.path("tenant"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if v := mustXattr(t, d.path("tenant"), xRemote); v != "tcp "+peer+" /tenant" {
+		t.Errorf("%s of /tenant = %q", xRemote, v)
+	}
+	c := dialPD(t, peer, "/tenant")
+	if err := os.Remove(d.path("tenant")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(0, 0, nil); err == nil {
+		t.Error("a connection to a removed PD still answers")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := client.Dial(ctx, peer, "/tenant"); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("dial of a removed directory: %v, want ENOENT", err)
+	}
+	root := dialPD(t, peer, "/")
+	if code := d.stop(unix.SIGINT); code != 0 {
+		t.Fatalf("daemon exit %d", code)
+	}
+	if err := root.Write(0, 0, nil); err == nil {
+		t.Error("a connection survived the unmount")
+	}
+}
