@@ -3,15 +3,21 @@
 package ibv
 
 // This is the package's only cgo file: thin wrappers that call one
-// libibverbs function each and return Go values and a syscall.Errno. All
-// decisions live in the pure-Go files. No Go pointer is ever kept by C:
-// the only Go memory C sees is an out-parameter for the length of one
-// call, and memory to register is the caller's mmap, passed as an integer.
+// libibverbs or librdmacm function each and return Go values and a
+// syscall.Errno. All decisions live in the pure-Go files. No Go pointer
+// is ever kept by C: the Go memory C sees is out-parameters and inputs
+// of one call (a length, an address's bytes, private data that librdmacm
+// copies, an event record C fills), and memory to register or to use as a
+// work request's local buffer is the caller's mmap, passed as an integer.
 
 /*
-#cgo LDFLAGS: -libverbs
+#cgo LDFLAGS: -libverbs -lrdmacm
 #include <stdint.h>
+#include <string.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 // The address to register arrives as an integer (the caller's mapping,
 // never Go memory) and becomes a pointer only on the C side.
@@ -25,6 +31,249 @@ static int mrfs_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 			 uintptr_t addr, size_t length, int access)
 {
 	return ibv_rereg_mr(mr, flags, pd, (void *)addr, length, access);
+}
+
+// mrfs_sockaddr fills ss from an address's bytes (4 or 16) and a port.
+static socklen_t mrfs_sockaddr(struct sockaddr_storage *ss, const uint8_t *ip, int iplen, uint16_t port)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (iplen == 4) {
+		struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons(port);
+		memcpy(&s4->sin_addr, ip, 4);
+		return sizeof(*s4);
+	}
+	struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+	s6->sin6_family = AF_INET6;
+	s6->sin6_port = htons(port);
+	memcpy(&s6->sin6_addr, ip, 16);
+	return sizeof(*s6);
+}
+
+static int mrfs_bind_addr(struct rdma_cm_id *id, const uint8_t *ip, int iplen, uint16_t port)
+{
+	struct sockaddr_storage ss;
+	mrfs_sockaddr(&ss, ip, iplen, port);
+	return rdma_bind_addr(id, (struct sockaddr *)&ss);
+}
+
+static int mrfs_resolve_addr(struct rdma_cm_id *id, const uint8_t *ip, int iplen, uint16_t port, int timeout_ms)
+{
+	struct sockaddr_storage ss;
+	mrfs_sockaddr(&ss, ip, iplen, port);
+	return rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, timeout_ms);
+}
+
+static int mrfs_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id)
+{
+	return rdma_create_id(ch, id, NULL, RDMA_PS_TCP);
+}
+
+// mrfs_event is what mrfs keeps of an rdma_cm_event: the event is
+// acknowledged before the Go side acts on it (rdma_destroy_id waits for
+// the acknowledgement of its id's events, so an unacknowledged event
+// held while tearing down would deadlock), and the private data it
+// points to goes with the acknowledgement, hence the copy.
+struct mrfs_event {
+	int type;
+	int status;
+	struct rdma_cm_id *id;
+	struct rdma_cm_id *listen_id;
+	uint8_t initiator_depth;
+	uint8_t responder_resources;
+	int private_len;
+	uint8_t private_data[256];
+};
+
+static int mrfs_get_event(struct rdma_event_channel *ch, struct mrfs_event *out)
+{
+	struct rdma_cm_event *ev;
+	if (rdma_get_cm_event(ch, &ev))
+		return -1;
+	memset(out, 0, sizeof(*out));
+	out->type = ev->event;
+	out->status = ev->status;
+	out->id = ev->id;
+	out->listen_id = ev->listen_id;
+	if (ev->id && ev->id->ps == RDMA_PS_TCP) {
+		const struct rdma_conn_param *c = &ev->param.conn;
+		out->initiator_depth = c->initiator_depth;
+		out->responder_resources = c->responder_resources;
+		if (c->private_data && c->private_data_len) {
+			out->private_len = c->private_data_len;
+			memcpy(out->private_data, c->private_data, c->private_data_len);
+		}
+	}
+	return rdma_ack_cm_event(ev);
+}
+
+static int mrfs_connect(struct rdma_cm_id *id, const void *priv, uint8_t priv_len,
+			uint8_t responder_resources, uint8_t initiator_depth)
+{
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof(p));
+	p.private_data = priv;
+	p.private_data_len = priv_len;
+	p.responder_resources = responder_resources;
+	p.initiator_depth = initiator_depth;
+	p.retry_count = 7;
+	p.rnr_retry_count = 7;
+	return rdma_connect(id, &p);
+}
+
+static int mrfs_accept(struct rdma_cm_id *id, uint8_t responder_resources, uint8_t initiator_depth)
+{
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof(p));
+	p.responder_resources = responder_resources;
+	p.initiator_depth = initiator_depth;
+	p.rnr_retry_count = 7;
+	return rdma_accept(id, &p);
+}
+
+static int mrfs_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth)
+{
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = depth;
+	a.cap.max_recv_wr = 1;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	return rdma_create_qp(id, pd, &a);
+}
+
+// mrfs_create_own_qp creates an RC QP in pd that librdmacm does not
+// manage (id->qp stays NULL), so that mrfs sets its access flags itself.
+static struct ibv_qp *mrfs_create_own_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth)
+{
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = depth;
+	a.cap.max_recv_wr = 1;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	return ibv_create_qp(pd, &a);
+}
+
+// mrfs_ready_qp moves a QP that librdmacm does not manage through INIT,
+// RTR and RTS with the attributes the connection manager gives for id
+// (rdma_init_qp_attr), as rdma_accept would, except that INIT carries
+// access: the remote access the QP allows. Returns 0, or -1 with errno.
+static int mrfs_ready_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int access, uint8_t resp_res)
+{
+	struct ibv_qp_attr a;
+	int mask, r;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	if (rdma_init_qp_attr(id, &a, &mask))
+		return -1;
+	a.qp_access_flags = access;
+	mask |= IBV_QP_ACCESS_FLAGS;
+	if ((r = ibv_modify_qp(qp, &a, mask))) {
+		errno = r;
+		return -1;
+	}
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	if (rdma_init_qp_attr(id, &a, &mask))
+		return -1;
+	a.max_dest_rd_atomic = resp_res;
+	if ((r = ibv_modify_qp(qp, &a, mask))) {
+		errno = r;
+		return -1;
+	}
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	if (rdma_init_qp_attr(id, &a, &mask))
+		return -1;
+	a.max_rd_atomic = 0;
+	if ((r = ibv_modify_qp(qp, &a, mask))) {
+		errno = r;
+		return -1;
+	}
+	return 0;
+}
+
+// mrfs_qp_error moves a QP to ERROR (what rdma_disconnect does for a
+// QP it manages).
+static int mrfs_qp_error(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_ERR;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+static int mrfs_accept_qpn(struct rdma_cm_id *id, uint32_t qpn, uint8_t responder_resources)
+{
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof(p));
+	p.responder_resources = responder_resources;
+	p.initiator_depth = 0;
+	p.rnr_retry_count = 7;
+	p.qp_num = qpn;
+	return rdma_accept(id, &p);
+}
+
+static const char *mrfs_id_device(struct rdma_cm_id *id)
+{
+	if (!id->verbs)
+		return NULL;
+	return ibv_get_device_name(id->verbs->device);
+}
+
+static const char *mrfs_context_device(struct ibv_context *c)
+{
+	return ibv_get_device_name(c->device);
+}
+
+// mrfs_post posts one signaled work request: RDMA WRITE/READ with
+// length bytes at laddr, or an atomic on 8 bytes at laddr.
+static int mrfs_post(struct ibv_qp *qp, int opcode, uintptr_t laddr, uint32_t length, uint32_t lkey,
+		     uint64_t raddr, uint32_t rkey, uint64_t compare_add, uint64_t swap, uint64_t wr_id)
+{
+	struct ibv_sge sge;
+	struct ibv_send_wr wr, *bad;
+	memset(&wr, 0, sizeof(wr));
+	sge.addr = laddr;
+	sge.length = length;
+	sge.lkey = lkey;
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = length ? 1 : 0;
+	wr.opcode = opcode;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	if (opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		wr.wr.atomic.remote_addr = raddr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = compare_add;
+		wr.wr.atomic.swap = swap;
+	} else {
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+	}
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+// mrfs_poll polls one completion: 1 with its status and wr_id, 0 when
+// there is none, < 0 on error.
+static int mrfs_poll(struct ibv_cq *cq, uint32_t *status, uint64_t *wr_id)
+{
+	struct ibv_wc wc;
+	int n = ibv_poll_cq(cq, 1, &wc);
+	if (n == 1) {
+		*status = wc.status;
+		*wr_id = wc.wr_id;
+	}
+	return n;
 }
 */
 import "C"
@@ -176,3 +425,299 @@ func (m cMR) rereg(flags int, pd cPD, addr uintptr, length uint64, access int) (
 // dereg wraps ibv_dereg_mr, which returns an errno value (not -1). On
 // success the ibv_mr is freed.
 func (m cMR) dereg() syscall.Errno { return syscall.Errno(C.ibv_dereg_mr(m.p)) }
+
+// The librdmacm connection manager: an event channel, the ids on it, and
+// the queue pair and completion queue of one connection.
+
+// getCMContexts wraps rdma_get_devices: librdmacm's own open contexts,
+// the ones its cm ids use. They stay open while the list is held
+// (librdmacm counts references) and are never closed by the caller:
+// release only gives the reference back.
+func getCMContexts() (ctxs []cContext, release func(), err error) {
+	var n C.int
+	list, err := C.rdma_get_devices(&n)
+	if list == nil {
+		return nil, nil, errnoOf(err)
+	}
+	for _, p := range unsafe.Slice(list, int(n)) {
+		ctxs = append(ctxs, cContext{p})
+	}
+	return ctxs, func() { C.rdma_free_devices(list) }, nil
+}
+
+// deviceName is the name of the device the context is open on.
+func (c cContext) deviceName() string { return C.GoString(C.mrfs_context_device(c.p)) }
+
+// cChannel is an rdma_event_channel.
+type cChannel struct{ p *C.struct_rdma_event_channel }
+
+// createChannel wraps rdma_create_event_channel.
+func createChannel() (cChannel, error) {
+	p, err := C.rdma_create_event_channel()
+	if p == nil {
+		return cChannel{}, errnoOf(err)
+	}
+	return cChannel{p}, nil
+}
+
+func (ch cChannel) fd() int { return int(ch.p.fd) }
+
+// destroy wraps rdma_destroy_event_channel (no result).
+func (ch cChannel) destroy() { C.rdma_destroy_event_channel(ch.p) }
+
+// cID is an rdma_cm_id.
+type cID struct{ p *C.struct_rdma_cm_id }
+
+// createID wraps rdma_create_id with RDMA_PS_TCP (reliable connected).
+func (ch cChannel) createID() (cID, error) {
+	var id *C.struct_rdma_cm_id
+	if r, err := C.mrfs_create_id(ch.p, &id); r != 0 {
+		return cID{}, errnoOf(err)
+	}
+	return cID{id}, nil
+}
+
+// rawEvent is a copied, already acknowledged rdma_cm_event.
+type rawEvent struct {
+	typ, status       int
+	id, listenID      cID
+	initDepth, respRs uint8
+	private           []byte
+}
+
+// getEvent wraps rdma_get_cm_event and rdma_ack_cm_event. On a
+// non-blocking channel it fails with EAGAIN when no event is queued.
+func (ch cChannel) getEvent() (rawEvent, error) {
+	var ev C.struct_mrfs_event
+	if r, err := C.mrfs_get_event(ch.p, &ev); r != 0 {
+		return rawEvent{}, errnoOf(err)
+	}
+	e := rawEvent{
+		typ: int(ev._type), status: int(ev.status),
+		id: cID{ev.id}, listenID: cID{ev.listen_id},
+		initDepth: uint8(ev.initiator_depth), respRs: uint8(ev.responder_resources),
+	}
+	if ev.private_len > 0 {
+		e.private = C.GoBytes(unsafe.Pointer(&ev.private_data[0]), ev.private_len)
+	}
+	return e, nil
+}
+
+// cmErr reads errno after a librdmacm call that returns -1 with errno.
+func cmErr(r C.int, err error) error {
+	if r == 0 {
+		return nil
+	}
+	return errnoOf(err)
+}
+
+// bind wraps rdma_bind_addr; ip is 4 or 16 bytes.
+func (id cID) bind(ip []byte, port uint16) error {
+	r, err := C.mrfs_bind_addr(id.p, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.uint16_t(port))
+	return cmErr(r, err)
+}
+
+// listen wraps rdma_listen.
+func (id cID) listen(backlog int) error {
+	r, err := C.rdma_listen(id.p, C.int(backlog))
+	return cmErr(r, err)
+}
+
+// srcPort wraps rdma_get_src_port (network order in C).
+func (id cID) srcPort() uint16 {
+	p := uint16(C.rdma_get_src_port(id.p))
+	return p>>8 | p<<8
+}
+
+// resolveAddr wraps rdma_resolve_addr with no source address.
+func (id cID) resolveAddr(ip []byte, port uint16, timeoutMS int) error {
+	r, err := C.mrfs_resolve_addr(id.p, (*C.uint8_t)(unsafe.Pointer(&ip[0])), C.int(len(ip)), C.uint16_t(port), C.int(timeoutMS))
+	return cmErr(r, err)
+}
+
+// resolveRoute wraps rdma_resolve_route.
+func (id cID) resolveRoute(timeoutMS int) error {
+	r, err := C.rdma_resolve_route(id.p, C.int(timeoutMS))
+	return cmErr(r, err)
+}
+
+// connect wraps rdma_connect; librdmacm copies the private data.
+func (id cID) connect(private []byte, respRes, initDepth uint8) error {
+	var p unsafe.Pointer
+	if len(private) > 0 {
+		p = unsafe.Pointer(&private[0])
+	}
+	r, err := C.mrfs_connect(id.p, p, C.uint8_t(len(private)), C.uint8_t(respRes), C.uint8_t(initDepth))
+	return cmErr(r, err)
+}
+
+// accept wraps rdma_accept, which moves the id's QP to RTS first.
+func (id cID) accept(respRes, initDepth uint8) error {
+	r, err := C.mrfs_accept(id.p, C.uint8_t(respRes), C.uint8_t(initDepth))
+	return cmErr(r, err)
+}
+
+// reject wraps rdma_reject; librdmacm copies the private data.
+func (id cID) reject(private []byte) error {
+	var p unsafe.Pointer
+	if len(private) > 0 {
+		p = unsafe.Pointer(&private[0])
+	}
+	r, err := C.rdma_reject(id.p, p, C.uint8_t(len(private)))
+	return cmErr(r, err)
+}
+
+// disconnect wraps rdma_disconnect (moves the QP to ERROR, sends a DREQ).
+func (id cID) disconnect() error {
+	r, err := C.rdma_disconnect(id.p)
+	return cmErr(r, err)
+}
+
+// destroy wraps rdma_destroy_id. It blocks until every event of the id
+// that was reported has been acknowledged.
+func (id cID) destroy() error {
+	r, err := C.rdma_destroy_id(id.p)
+	return cmErr(r, err)
+}
+
+// context is the device context the id is bound to (NULL before).
+func (id cID) context() cContext { return cContext{id.p.verbs} }
+
+// deviceName is the name of the id's device, "" before it is bound.
+func (id cID) deviceName() string {
+	n := C.mrfs_id_device(id.p)
+	if n == nil {
+		return ""
+	}
+	return C.GoString(n)
+}
+
+// cmPD is librdmacm's own PD for the id's device (id->pd), made when the
+// id was bound to it.
+func (id cID) cmPD() cPD { return cPD{id.p.pd} }
+
+// cCQ is a completion queue.
+type cCQ struct{ p *C.struct_ibv_cq }
+
+// createCQ wraps ibv_create_cq (no channel: polled).
+func (c cContext) createCQ(cqe int) (cCQ, error) {
+	p, err := C.ibv_create_cq(c.p, C.int(cqe), nil, nil, 0)
+	if p == nil {
+		return cCQ{}, errnoOf(err)
+	}
+	return cCQ{p}, nil
+}
+
+// destroy wraps ibv_destroy_cq, which returns an errno value.
+func (cq cCQ) destroy() syscall.Errno { return syscall.Errno(C.ibv_destroy_cq(cq.p)) }
+
+// createQP wraps rdma_create_qp: an RC QP in pd on the id's context,
+// with cq for both queues; it becomes id->qp.
+func (id cID) createQP(pd cPD, cq cCQ, depth int) error {
+	r, err := C.mrfs_create_qp(id.p, pd.p, cq.p, C.uint32_t(depth))
+	return cmErr(r, err)
+}
+
+// destroyQP wraps rdma_destroy_qp (no result).
+func (id cID) destroyQP() { C.rdma_destroy_qp(id.p) }
+
+// qpNum is id->qp->qp_num, 0 without a QP.
+func (id cID) qpNum() uint32 {
+	if id.p.qp == nil {
+		return 0
+	}
+	return uint32(id.p.qp.qp_num)
+}
+
+// The work request opcodes mrfs posts.
+const (
+	opWrite = int(C.IBV_WR_RDMA_WRITE)
+	opRead  = int(C.IBV_WR_RDMA_READ)
+	opCAS   = int(C.IBV_WR_ATOMIC_CMP_AND_SWP)
+	opFAdd  = int(C.IBV_WR_ATOMIC_FETCH_AND_ADD)
+)
+
+// post wraps ibv_post_send of one signaled work request on id->qp;
+// ibv_post_send returns an errno value.
+func (id cID) post(op int, laddr uintptr, length, lkey uint32, raddr uint64, rkey uint32, compareAdd, swap, wrID uint64) syscall.Errno {
+	return syscall.Errno(C.mrfs_post(id.p.qp, C.int(op), C.uintptr_t(laddr), C.uint32_t(length), C.uint32_t(lkey),
+		C.uint64_t(raddr), C.uint32_t(rkey), C.uint64_t(compareAdd), C.uint64_t(swap), C.uint64_t(wrID)))
+}
+
+// poll wraps ibv_poll_cq for one completion: n is 1, 0 (none) or < 0.
+func (cq cCQ) poll() (n int, status uint32, wrID uint64) {
+	var st C.uint32_t
+	var id C.uint64_t
+	r := C.mrfs_poll(cq.p, &st, &id)
+	return int(r), uint32(st), uint64(id)
+}
+
+// The rdma_cm event types mrfs handles.
+const (
+	evAddrResolved   = int(C.RDMA_CM_EVENT_ADDR_RESOLVED)
+	evAddrError      = int(C.RDMA_CM_EVENT_ADDR_ERROR)
+	evRouteResolved  = int(C.RDMA_CM_EVENT_ROUTE_RESOLVED)
+	evRouteError     = int(C.RDMA_CM_EVENT_ROUTE_ERROR)
+	evConnectRequest = int(C.RDMA_CM_EVENT_CONNECT_REQUEST)
+	evConnectError   = int(C.RDMA_CM_EVENT_CONNECT_ERROR)
+	evUnreachable    = int(C.RDMA_CM_EVENT_UNREACHABLE)
+	evRejected       = int(C.RDMA_CM_EVENT_REJECTED)
+	evEstablished    = int(C.RDMA_CM_EVENT_ESTABLISHED)
+	evDisconnected   = int(C.RDMA_CM_EVENT_DISCONNECTED)
+	evDeviceRemoval  = int(C.RDMA_CM_EVENT_DEVICE_REMOVAL)
+	evTimewaitExit   = int(C.RDMA_CM_EVENT_TIMEWAIT_EXIT)
+)
+
+// eventName wraps rdma_event_str.
+func eventName(t int) string { return C.GoString(C.rdma_event_str(C.enum_rdma_cm_event_type(t))) }
+
+// peerAddr reads the id's peer address (rdma_get_peer_addr) as its
+// bytes (4 or 16, none when unset) and port.
+func (id cID) peerAddr() (ip []byte, port uint16) {
+	sa := C.rdma_get_peer_addr(id.p)
+	switch sa.sa_family {
+	case C.AF_INET:
+		s4 := (*C.struct_sockaddr_in)(unsafe.Pointer(sa))
+		ip = C.GoBytes(unsafe.Pointer(&s4.sin_addr), 4)
+		port = uint16(s4.sin_port)
+	case C.AF_INET6:
+		s6 := (*C.struct_sockaddr_in6)(unsafe.Pointer(sa))
+		ip = C.GoBytes(unsafe.Pointer(&s6.sin6_addr), 16)
+		port = uint16(s6.sin6_port)
+	default:
+		return nil, 0
+	}
+	return ip, port>>8 | port<<8 // network order
+}
+
+// cQP is a queue pair mrfs manages itself (not id->qp).
+type cQP struct{ p *C.struct_ibv_qp }
+
+// createOwnQP wraps ibv_create_qp for an RC QP.
+func (p cPD) createOwnQP(cq cCQ, depth int) (cQP, error) {
+	q, err := C.mrfs_create_own_qp(p.p, cq.p, C.uint32_t(depth))
+	if q == nil {
+		return cQP{}, errnoOf(err)
+	}
+	return cQP{q}, nil
+}
+
+func (q cQP) num() uint32 { return uint32(q.p.qp_num) }
+
+// ready moves q to RTS for id with the given remote access flags.
+func (q cQP) ready(id cID, access uint32, respRes uint8) error {
+	r, err := C.mrfs_ready_qp(id.p, q.p, C.int(access), C.uint8_t(respRes))
+	return cmErr(r, err)
+}
+
+// toError moves q to ERROR; ibv_modify_qp returns an errno value.
+func (q cQP) toError() syscall.Errno { return syscall.Errno(C.mrfs_qp_error(q.p)) }
+
+// destroy wraps ibv_destroy_qp, which returns an errno value.
+func (q cQP) destroy() syscall.Errno { return syscall.Errno(C.ibv_destroy_qp(q.p)) }
+
+// acceptQPN wraps rdma_accept for a QP librdmacm does not manage.
+func (id cID) acceptQPN(qpn uint32, respRes uint8) error {
+	r, err := C.mrfs_accept_qpn(id.p, C.uint32_t(qpn), C.uint8_t(respRes))
+	return cmErr(r, err)
+}

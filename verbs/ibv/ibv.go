@@ -24,6 +24,7 @@
 package ibv
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -101,16 +102,46 @@ func (provider) Open(name string) (verbs.Device, error) {
 		}
 		return nil, fmt.Errorf("open RDMA device %q: no such device (have %s): %w", name, strings.Join(names, ", "), syscall.ENODEV)
 	}
-	ctx, err := found.open()
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", name, err)
+	// librdmacm's context for the device, when it has one: a queue pair
+	// that rdma_cm connects must live in a PD of the very context of its
+	// cm id, so mrfs's PDs are allocated there. Without the rdma_cm
+	// device (no rdma_ucm module) the device is opened on its own
+	// context and connections are refused (Listen, Dial: EXDEV).
+	d := &device{name: name}
+	if ctxs, release, err := getCMContexts(); err == nil {
+		for _, c := range ctxs {
+			if c.deviceName() == name {
+				d.ctx, d.release = c, release
+				break
+			}
+		}
+		if d.release == nil {
+			release()
+		}
 	}
-	raw, err := ctx.query()
+	if d.release == nil {
+		ctx, err := found.open()
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", name, err)
+		}
+		d.ctx = ctx
+	}
+	raw, err := d.ctx.query()
 	if err != nil {
-		ctx.close()
+		d.closeContext()
 		return nil, fmt.Errorf("query_device %s: %w", name, err)
 	}
-	return &device{name: name, attr: deviceAttr(name, raw), ctx: ctx}, nil
+	d.attr = deviceAttr(name, raw)
+	return d, nil
+}
+
+// closeContext closes a context of its own, or gives librdmacm's back.
+func (d *device) closeContext() error {
+	if d.release != nil {
+		d.release()
+		return nil
+	}
+	return d.ctx.close()
 }
 
 // rxeVendorID is what rxe reports as vendor_id (rxe_param.h,
@@ -166,6 +197,33 @@ type device struct {
 	mu     sync.RWMutex
 	ctx    cContext
 	closed bool
+	// release gives back librdmacm's reference to ctx when ctx is
+	// librdmacm's (rdma_get_devices); nil when ctx is this device's own.
+	// librdmacm keeps its contexts open for the process's life, so Close
+	// cannot count on the kernel to free what is left in them: it frees
+	// the live PDs and regions itself, from live.
+	release func()
+
+	// guards: live. Taken with mu held (shared by the calls that add
+	// and remove, exclusively by Close).
+	liveMu sync.Mutex
+	live   map[any]struct{} // *pd and *mr not yet freed
+}
+
+// track and untrack keep the set of live PDs and regions.
+func (d *device) track(o any) {
+	d.liveMu.Lock()
+	if d.live == nil {
+		d.live = make(map[any]struct{})
+	}
+	d.live[o] = struct{}{}
+	d.liveMu.Unlock()
+}
+
+func (d *device) untrack(o any) {
+	d.liveMu.Lock()
+	delete(d.live, o)
+	d.liveMu.Unlock()
 }
 
 func (d *device) Name() string           { return d.name }
@@ -181,14 +239,19 @@ func (d *device) AllocPD() (verbs.PD, error) {
 	if err != nil {
 		return nil, fmt.Errorf("alloc_pd on %s: %w", d.name, err)
 	}
-	return &pd{dev: d, c: c, handle: c.handle()}, nil
+	p := &pd{dev: d, c: c, handle: c.handle()}
+	d.track(p)
+	return p, nil
 }
 
-// Close closes the context. Like ibv_close_device it frees no child
-// objects: the kernel releases the PDs and regions (and unpins their
-// pages) when the device file closes, the C structs libibverbs allocated
-// for them are never freed, and the Go values answer ENODEV from then
-// on. Close twice is ENODEV, as in verbs/soft.
+// Close closes the context. On a context of its own, like
+// ibv_close_device, it frees no child objects: the kernel releases the
+// PDs and regions (and unpins their pages) when the device file closes,
+// the C structs libibverbs allocated for them are never freed. On
+// librdmacm's context, which stays open, it deregisters the regions and
+// deallocates the PDs left, so that the same holds: nothing stays
+// pinned. Either way the Go values answer ENODEV from then on. Close
+// twice is ENODEV, as in verbs/soft.
 func (d *device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -198,10 +261,54 @@ func (d *device) Close() error {
 	// Closed even if ibv_close_device fails: the context is in an unknown
 	// state and must not be used again.
 	d.closed = true
-	if err := d.ctx.close(); err != nil {
+	var errs []error
+	if d.release != nil {
+		errs = d.freeLiveLocked()
+	}
+	if err := d.closeContext(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close %s: %w", d.name, err)
 	}
 	return nil
+}
+
+// freeLiveLocked deregisters the live regions, then deallocates the
+// live PDs. d.mu is held exclusively: no call is in flight.
+func (d *device) freeLiveLocked() []error {
+	d.liveMu.Lock()
+	defer d.liveMu.Unlock()
+	var errs []error
+	for o := range d.live {
+		if m, ok := o.(*mr); ok {
+			m.mu.Lock()
+			if m.state != mrDead {
+				if errno := m.c.dereg(); errno != 0 {
+					errs = append(errs, fmt.Errorf("dereg_mr key 0x%x: %w", m.lkey, errno))
+				}
+				m.state = mrDead
+			}
+			m.mu.Unlock()
+			delete(d.live, o)
+		}
+	}
+	for o := range d.live {
+		if p, ok := o.(*pd); ok {
+			p.mu.Lock()
+			if !p.dead {
+				// EBUSY when a queue pair is left in it: its owner
+				// destroys it, and the PD goes with the process.
+				if errno := p.c.dealloc(); errno != 0 {
+					errs = append(errs, fmt.Errorf("dealloc_pd %d: %w", p.handle, errno))
+				}
+				p.dead = true
+			}
+			p.mu.Unlock()
+		}
+		delete(d.live, o)
+	}
+	return errs
 }
 
 // pd is a protection domain.
@@ -242,6 +349,7 @@ func (p *pd) Dealloc() error {
 		return fmt.Errorf("dealloc_pd %d on %s: %w", p.handle, d.name, errno)
 	}
 	p.dead = true
+	d.untrack(p)
 	return nil
 }
 
@@ -273,7 +381,9 @@ func (p *pd) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.MR, 
 		return fail(err)
 	}
 	f := c.fields()
-	return &mr{dev: d, c: c, pd: p, lkey: f.lkey, rkey: f.rkey, addr: f.addr, length: f.length, access: access}, nil
+	m := &mr{dev: d, c: c, pd: p, lkey: f.lkey, rkey: f.rkey, addr: f.addr, length: f.length, access: access}
+	d.track(m)
+	return m, nil
 }
 
 // checkAccess is the kernel's ib_check_mr_access (EINVAL) followed by

@@ -185,5 +185,6 @@ func (m *mr) Dereg() error {
 		return fmt.Errorf("%s: %w", what, errno)
 	}
 	m.state = mrDead
+	d.untrack(m)
 	return nil
 }
