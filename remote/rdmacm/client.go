@@ -1,0 +1,298 @@
+//go:build rdma
+
+package rdmacm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/verbs"
+	"mrfs/verbs/ibv"
+)
+
+// DialOptions tune a client connection.
+type DialOptions struct {
+	// Timeout bounds each step: address and route resolution, the
+	// connection, and every operation's completion. 0 is 10 s.
+	Timeout time.Duration
+	// BufSize is the local buffer registered at connect time; larger
+	// operations register a larger one. 0 is 64 KiB.
+	BufSize int
+}
+
+// Conn is a client connection: its own PD, an RC QP connected to a QP
+// of mrfs in the PD of the directory it named, and a registered local
+// buffer (a memfd mapping, never the Go heap) that operations go through.
+// Its methods are not safe for concurrent use.
+type Conn struct {
+	ch      *ibv.EventChannel
+	id      ibv.CMID
+	dev     verbs.Device
+	pd      verbs.PD
+	qp      *ibv.QP
+	timeout time.Duration
+
+	memfd int
+	mem   []byte
+	mr    verbs.MR
+}
+
+// WCError is a work completion with an error status: the responder's
+// NIC refused the operation (IBV_WC_REM_ACCESS_ERR for a bad rkey, PD,
+// access or range), or the QP was already in error (WR_FLUSH_ERR).
+type WCError struct {
+	Op     string
+	Addr   uint64
+	RKey   uint32
+	Status verbs.WCStatus
+}
+
+func (e *WCError) Error() string {
+	return fmt.Sprintf("%s at 0x%x rkey 0x%x: %s (%d)", e.Op, e.Addr, e.RKey, e.Status, uint32(e.Status))
+}
+
+// Dial connects to the mrfs at peer ("10.0.2.15:7471") and asks for a
+// QP in the PD of dir (relative to the mount's root). A refusal by mrfs
+// carries its errno (ENOENT: no such directory; EACCES: not in
+// allow_from; EBUSY: too many connections); ECONNREFUSED when nothing
+// listens there.
+func Dial(peer, dir string, opt DialOptions) (*Conn, error) {
+	if opt.Timeout <= 0 {
+		opt.Timeout = 10 * time.Second
+	}
+	if opt.BufSize <= 0 {
+		opt.BufSize = 64 << 10
+	}
+	priv, err := encodeConnect(dir)
+	if err != nil {
+		return nil, err
+	}
+	ap, err := parseAddrPort(peer)
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{timeout: opt.Timeout, memfd: -1}
+	fail := func(err error) (*Conn, error) {
+		c.Close()
+		return nil, fmt.Errorf("connect to mrfs at %s (pd %q): %w", peer, dir, err)
+	}
+	if c.ch, err = ibv.NewEventChannel(); err != nil {
+		return fail(err)
+	}
+	if c.id, err = c.ch.CreateID(); err != nil {
+		return fail(err)
+	}
+	if err := c.id.ResolveAddr(ap, opt.Timeout); err != nil {
+		return fail(err)
+	}
+	if _, err := c.expect(ibv.EventAddrResolved); err != nil {
+		return fail(err)
+	}
+	if err := c.id.ResolveRoute(opt.Timeout); err != nil {
+		return fail(err)
+	}
+	if _, err := c.expect(ibv.EventRouteResolved); err != nil {
+		return fail(err)
+	}
+	// The device the route goes through, opened by verbs/ibv on
+	// librdmacm's context, so the QP can live in a PD of it.
+	prov, err := ibv.New()
+	if err != nil {
+		return fail(err)
+	}
+	if c.dev, err = prov.Open(c.id.DeviceName()); err != nil {
+		return fail(err)
+	}
+	if c.pd, err = c.dev.AllocPD(); err != nil {
+		return fail(err)
+	}
+	if err := c.grow(opt.BufSize); err != nil {
+		return fail(err)
+	}
+	if c.qp, err = c.id.CreateQP(c.pd, 16); err != nil {
+		return fail(err)
+	}
+	// initiator depth > 0: this side issues READs and atomics, and the
+	// responder's QP allows them only then.
+	if err := c.id.Connect(priv, 0, 4); err != nil {
+		return fail(err)
+	}
+	ev, err := c.expect(ibv.EventEstablished)
+	if err != nil {
+		if ev.Type == ibv.EventRejected {
+			if errno, msg, ok := decodeReject(ev.Private); ok {
+				return fail(fmt.Errorf("mrfs refused: %s: %w", msg, errno))
+			}
+			return fail(fmt.Errorf("rejected (reason %d; nothing listens there?): %w", ev.Status, syscall.ECONNREFUSED))
+		}
+		return fail(err)
+	}
+	return c, nil
+}
+
+// expect waits for the next event of the connection and wants typ; the
+// event is returned also when it is another one.
+func (c *Conn) expect(typ ibv.EventType) (ibv.Event, error) {
+	ev, err := c.ch.Wait(c.timeout)
+	if err != nil {
+		return ev, fmt.Errorf("waiting for %s: %w", typ, err)
+	}
+	if ev.Type != typ {
+		errno := syscall.EIO
+		switch ev.Type {
+		case ibv.EventAddrError, ibv.EventRouteError, ibv.EventUnreachable:
+			errno = syscall.EHOSTUNREACH
+		case ibv.EventRejected:
+			errno = syscall.ECONNREFUSED
+		}
+		return ev, fmt.Errorf("got %s (status %d), want %s: %w", ev.Type, ev.Status, typ, errno)
+	}
+	return ev, nil
+}
+
+// grow makes the local buffer at least n bytes.
+func (c *Conn) grow(n int) error {
+	if n <= len(c.mem) {
+		return nil
+	}
+	n = (n + 4095) &^ 4095
+	c.freeBuf()
+	fd, err := unix.MemfdCreate("mrfs-rdmacm-client", unix.MFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("memfd_create: %w", err)
+	}
+	c.memfd = fd
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		return fmt.Errorf("ftruncate the local buffer to %d: %w", n, err)
+	}
+	mem, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap the local buffer: %w", err)
+	}
+	c.mem = mem
+	// Local write: READs and atomics land here.
+	if c.mr, err = c.pd.RegMR(uintptr(unsafe.Pointer(&mem[0])), uint64(n), verbs.LocalWrite); err != nil {
+		return fmt.Errorf("register the local buffer: %w", err)
+	}
+	return nil
+}
+
+func (c *Conn) freeBuf() error {
+	var errs []error
+	if c.mr != nil {
+		errs = append(errs, c.mr.Dereg())
+		c.mr = nil
+	}
+	if c.mem != nil {
+		errs = append(errs, unix.Munmap(c.mem))
+		c.mem = nil
+	}
+	if c.memfd >= 0 {
+		errs = append(errs, unix.Close(c.memfd))
+		c.memfd = -1
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Conn) do(name string, r ibv.Request) error {
+	if c.qp == nil {
+		return fmt.Errorf("%s: connection closed: %w", name, syscall.ENOTCONN)
+	}
+	r.Local, r.LKey = uintptr(unsafe.Pointer(&c.mem[0])), c.mr.LKey()
+	st, err := c.qp.Do(r, c.timeout)
+	if err != nil {
+		return fmt.Errorf("%s at 0x%x rkey 0x%x: %w", name, r.RemoteAddr, r.RKey, err)
+	}
+	if st != verbs.WCSuccess {
+		return &WCError{Op: name, Addr: r.RemoteAddr, RKey: r.RKey, Status: st}
+	}
+	return nil
+}
+
+// Write performs an RDMA WRITE of data to addr under rkey.
+func (c *Conn) Write(addr uint64, rkey uint32, data []byte) error {
+	if err := c.grow(max(len(data), 1)); err != nil {
+		return err
+	}
+	copy(c.mem, data)
+	return c.do("RDMA WRITE", ibv.Request{Op: ibv.OpWrite, Length: uint32(len(data)), RemoteAddr: addr, RKey: rkey})
+}
+
+// Read performs an RDMA READ of n bytes at addr under rkey.
+func (c *Conn) Read(addr uint64, rkey uint32, n int) ([]byte, error) {
+	if err := c.grow(max(n, 1)); err != nil {
+		return nil, err
+	}
+	if err := c.do("RDMA READ", ibv.Request{Op: ibv.OpRead, Length: uint32(n), RemoteAddr: addr, RKey: rkey}); err != nil {
+		return nil, err
+	}
+	return append([]byte(nil), c.mem[:n]...), nil
+}
+
+// CompareSwap performs an 8-byte ATOMIC_CMP_AND_SWP and returns the old
+// value (host order: the NIC works on the target's native order, as
+// on any RoCE device).
+func (c *Conn) CompareSwap(addr uint64, rkey uint32, compare, swap uint64) (uint64, error) {
+	if err := c.do("ATOMIC_CMP_AND_SWP", ibv.Request{Op: ibv.OpCompareSwap, RemoteAddr: addr, RKey: rkey, CompareAdd: compare, Swap: swap}); err != nil {
+		return 0, err
+	}
+	return binary.NativeEndian.Uint64(c.mem[:8]), nil
+}
+
+// FetchAdd performs an 8-byte ATOMIC_FETCH_AND_ADD and returns the old
+// value.
+func (c *Conn) FetchAdd(addr uint64, rkey uint32, add uint64) (uint64, error) {
+	if err := c.do("ATOMIC_FETCH_AND_ADD", ibv.Request{Op: ibv.OpFetchAdd, RemoteAddr: addr, RKey: rkey, CompareAdd: add}); err != nil {
+		return 0, err
+	}
+	return binary.NativeEndian.Uint64(c.mem[:8]), nil
+}
+
+// WaitDisconnect waits until mrfs ends the connection (rmdir of the
+// directory, unmount) and reports DISCONNECTED; ETIMEDOUT otherwise.
+func (c *Conn) WaitDisconnect(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ev, err := c.ch.Wait(time.Until(deadline))
+		if err != nil {
+			return fmt.Errorf("waiting for DISCONNECTED: %w", err)
+		}
+		if ev.Type == ibv.EventDisconnected {
+			return nil
+		}
+	}
+}
+
+// Close disconnects and frees the QP, the buffer, the PD and the device.
+func (c *Conn) Close() error {
+	var errs []error
+	if c.qp != nil {
+		c.id.Disconnect()
+		errs = append(errs, c.qp.Destroy())
+		c.qp = nil
+	}
+	if c.id.Valid() {
+		errs = append(errs, c.id.Destroy())
+		c.id = ibv.CMID{}
+	}
+	errs = append(errs, c.freeBuf())
+	if c.pd != nil {
+		errs = append(errs, c.pd.Dealloc())
+		c.pd = nil
+	}
+	if c.dev != nil {
+		errs = append(errs, c.dev.Close())
+		c.dev = nil
+	}
+	if c.ch != nil {
+		c.ch.Close()
+		c.ch = nil
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,405 @@
+//go:build rdma
+
+package rdmacm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/buffer"
+	"mrfs/verbs"
+	"mrfs/verbs/ibv"
+)
+
+// Resolver returns the protection domain of a directory of the mount,
+// relative to its root (fs.Server.Domain).
+type Resolver func(dir string) (*buffer.Domain, error)
+
+// Options are the listener's policy.
+type Options struct {
+	// MaxConns bounds the connections at once; 0 is no bound.
+	MaxConns int
+	// AllowFrom lists the networks peers may connect from; empty allows
+	// every peer.
+	AllowFrom []netip.Prefix
+	Log       *slog.Logger
+}
+
+// qpDepth is the send queue of a responder QP: one-sided operations
+// consume no work request on the responder, but the QP needs queues.
+const qpDepth = 4
+
+// Listener accepts rdma_cm connections and gives each an RC QP in the
+// PD of the directory its connect request names.
+type Listener struct {
+	ch      *ibv.EventChannel
+	id      ibv.CMID // the listening id
+	addr    netip.AddrPort
+	resolve Resolver
+	opt     Options
+	log     *slog.Logger
+	wake    [2]int        // a pipe: Close writes to stop the event loop
+	done    chan struct{} // closed when the event loop has returned
+
+	// guards: conns and closed. Never held across a librdmacm call.
+	mu     sync.Mutex
+	conns  map[ibv.CMID]*conn
+	closed bool
+}
+
+// Listen binds an rdma_cm listener to addr ("10.0.2.15:7471"; the
+// address of an RDMA device's netdev, or the unspecified address for
+// all of them) and serves connect requests until Close. A connection's
+// QP is created in the PD that resolve returns, which must be a PD of
+// the rdma backend on librdmacm's device context (verbs/ibv opens
+// devices so): anything else is rejected.
+func Listen(addr string, resolve Resolver, opt Options) (*Listener, error) {
+	ap, err := parseAddrPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Log == nil {
+		opt.Log = slog.New(slog.DiscardHandler)
+	}
+	ch, err := ibv.NewEventChannel()
+	if err != nil {
+		return nil, fmt.Errorf("rdma_cm listener on %s: %w", addr, err)
+	}
+	fail := func(err error) (*Listener, error) {
+		ch.Close()
+		return nil, fmt.Errorf("rdma_cm listener on %s: %w", addr, err)
+	}
+	id, err := ch.CreateID()
+	if err != nil {
+		return fail(err)
+	}
+	if err := id.Bind(ap); err != nil {
+		id.Destroy()
+		return fail(err)
+	}
+	if err := id.Listen(64); err != nil {
+		id.Destroy()
+		return fail(err)
+	}
+	l := &Listener{
+		ch: ch, id: id, addr: netip.AddrPortFrom(ap.Addr(), id.Port()),
+		resolve: resolve, opt: opt, log: opt.Log,
+		done: make(chan struct{}), conns: map[ibv.CMID]*conn{},
+	}
+	if err := unix.Pipe2(l.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		id.Destroy()
+		return fail(fmt.Errorf("pipe: %w", err))
+	}
+	go l.loop()
+	l.log.Info("rdma_cm listening", "addr", l.addr.String(), "device", id.DeviceName())
+	return l, nil
+}
+
+// parseAddrPort takes numeric addresses, and names the resolver knows.
+func parseAddrPort(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("address %q: %w", s, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("address %q: bad port: %w", s, err)
+	}
+	if host == "" {
+		return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p)), nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil || len(ips) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("address %q: cannot resolve %s: %w", s, host, err)
+	}
+	a, _ := netip.AddrFromSlice(ips[0])
+	return netip.AddrPortFrom(a.Unmap(), uint16(p)), nil
+}
+
+// Addr is the address the listener is bound to, with the port chosen
+// when the configured one was 0.
+func (l *Listener) Addr() netip.AddrPort { return l.addr }
+
+// Conns is the number of connections.
+func (l *Listener) Conns() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns)
+}
+
+// loop handles events one at a time until Close: a new id is only made
+// by librdmacm inside Next (CONNECT_REQUEST), so an event about an id
+// that was destroyed meanwhile is dispatched before any new id could
+// reuse its address, and finds no connection.
+func (l *Listener) loop() {
+	defer close(l.done)
+	fds := []unix.PollFd{{Fd: int32(l.ch.Fd()), Events: unix.POLLIN}, {Fd: int32(l.wake[0]), Events: unix.POLLIN}}
+	for {
+		fds[0].Revents, fds[1].Revents = 0, 0
+		if _, err := unix.Poll(fds, -1); err != nil && err != syscall.EINTR {
+			l.log.Error("rdma_cm listener: poll failed; no more connections are accepted", "err", err)
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		for {
+			ev, err := l.ch.Next()
+			if err == syscall.EAGAIN {
+				break
+			}
+			if err != nil {
+				l.log.Error("rdma_cm listener: rdma_get_cm_event failed", "err", err)
+				break
+			}
+			l.handle(ev)
+		}
+	}
+}
+
+func (l *Listener) lookup(id ibv.CMID) *conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conns[id]
+}
+
+func (l *Listener) handle(ev ibv.Event) {
+	switch ev.Type {
+	case ibv.EventConnectRequest:
+		l.accept(ev)
+	case ibv.EventEstablished:
+		if c := l.lookup(ev.ID); c != nil {
+			l.log.Info("rdma_cm connection established", "peer", c.peer.String(), "dir", c.dir, "pd", c.pd, "qp", c.qpNum)
+		}
+	case ibv.EventDisconnected:
+		if c := l.lookup(ev.ID); c != nil {
+			c.close("the peer disconnected")
+		}
+	case ibv.EventConnectError, ibv.EventUnreachable, ibv.EventRejected:
+		if c := l.lookup(ev.ID); c != nil {
+			c.close(fmt.Sprintf("%s (status %d)", ev.Type, ev.Status))
+		}
+	case ibv.EventDeviceRemoval:
+		l.log.Error("rdma_cm: the RDMA device is being removed; closing its connections", "device", l.id.DeviceName())
+		for _, c := range l.snapshot() {
+			c.close("device removal")
+		}
+	default:
+		l.log.Debug("rdma_cm event", "event", ev.Type.String(), "status", ev.Status)
+	}
+}
+
+func (l *Listener) snapshot() []*conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cs := make([]*conn, 0, len(l.conns))
+	for _, c := range l.conns {
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+func (l *Listener) allowed(a netip.Addr) bool {
+	if len(l.opt.AllowFrom) == 0 {
+		return true
+	}
+	for _, p := range l.opt.AllowFrom {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// accept serves a CONNECT_REQUEST: the peer must be allowed, name an
+// existing directory, and fit under MaxConns; then a QP in the
+// directory's PD is created, attached to its Domain (so that rmdir and
+// unmount close it before the PD goes), and the request accepted.
+func (l *Listener) accept(ev ibv.Event) {
+	id := ev.ID
+	peer := id.Peer()
+	reject := func(errno syscall.Errno, msg string) {
+		if err := id.Reject(encodeReject(errno, msg)); err != nil {
+			l.log.Warn("rdma_cm: reject failed", "peer", peer.String(), "err", err)
+		}
+		if err := id.Destroy(); err != nil {
+			l.log.Warn("rdma_cm: destroy a rejected id", "peer", peer.String(), "err", err)
+		}
+		l.log.Warn("rdma_cm connection rejected", "peer", peer.String(), "errno", errno.Error(), "reason", msg)
+	}
+	if !l.allowed(peer.Addr()) {
+		reject(syscall.EACCES, fmt.Sprintf("peer %s is not in remote.allow_from", peer.Addr()))
+		return
+	}
+	dir, err := decodeConnect(ev.Private)
+	if err != nil {
+		reject(syscall.EPROTO, err.Error())
+		return
+	}
+	c := &conn{l: l, id: id, dir: dir, peer: peer}
+	l.mu.Lock()
+	switch {
+	case l.closed:
+		l.mu.Unlock()
+		reject(syscall.ESHUTDOWN, "mrfs is shutting down")
+		return
+	case l.opt.MaxConns > 0 && len(l.conns) >= l.opt.MaxConns:
+		n := len(l.conns)
+		l.mu.Unlock()
+		reject(syscall.EBUSY, fmt.Sprintf("too many connections (%d, remote.max_conns)", n))
+		return
+	}
+	l.conns[id] = c // reserves the slot; close removes it
+	l.mu.Unlock()
+	unreserve := func() {
+		l.mu.Lock()
+		delete(l.conns, id)
+		l.mu.Unlock()
+	}
+
+	dom, err := l.resolve(dir)
+	if err != nil {
+		unreserve()
+		reject(errnoOr(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
+		return
+	}
+	// Attached first, so that an rmdir from now on closes it; c.mu held
+	// until accepted, so that such a close waits for a whole QP.
+	c.pd = dom.PD()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	detach, err := dom.Attach(c)
+	if err != nil {
+		unreserve()
+		reject(errnoOr(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
+		return
+	}
+	c.detach = detach
+	// The peer's initiator depth, within what rxe and most NICs take.
+	resp := min(ev.ResponderResources, maxResponderResources)
+	qp, err := id.AcceptQP(dom.VerbsPD(), qpDepth, resp)
+	if err != nil {
+		detach()
+		unreserve()
+		reject(errnoOr(err, syscall.EIO), fmt.Sprintf("queue pair in pd %d: %v", dom.PD(), err))
+		return
+	}
+	c.qp, c.qpNum = qp, qp.Num()
+	l.log.Info("rdma_cm connection accepted", "peer", peer.String(), "dir", dir, "pd", c.pd, "qp", c.qpNum,
+		"responder_resources", resp)
+}
+
+// maxResponderResources bounds the READs and atomics a peer may have in
+// flight at mrfs.
+const maxResponderResources = 16
+
+// errnoOr is err's errno, or def when it carries none.
+func errnoOr(err error, def syscall.Errno) syscall.Errno {
+	if e := verbs.Errno(err); e != 0 {
+		return e
+	}
+	return def
+}
+
+// Close stops accepting, closes every connection (disconnect, destroy
+// QP, CQ and id) and the listener. It does not deallocate any PD.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	unix.Write(l.wake[1], []byte{0})
+	<-l.done
+	n := 0
+	for _, c := range l.snapshot() {
+		c.close("mrfs is shutting down")
+		n++
+	}
+	var errs []error
+	if err := l.id.Destroy(); err != nil {
+		errs = append(errs, err)
+	}
+	l.ch.Close()
+	unix.Close(l.wake[0])
+	unix.Close(l.wake[1])
+	l.log.Info("rdma_cm listener closed", "addr", l.addr.String(), "closed_connections", n)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close the rdma_cm listener on %s: %w", l.addr, err)
+	}
+	return nil
+}
+
+// conn is one accepted connection: its id and its QP in a directory's PD.
+type conn struct {
+	l     *Listener
+	id    ibv.CMID
+	dir   string
+	peer  netip.AddrPort
+	pd    uint32
+	qpNum uint32
+
+	// guards: qp, detach and closed. Held across the teardown's
+	// librdmacm calls, so that a close (from rmdir, unmount or the
+	// peer's disconnect) and the accept never interleave.
+	mu     sync.Mutex
+	qp     *ibv.QP
+	detach func()
+	closed bool
+}
+
+// Close is the Domain's: the directory is being removed or mrfs stops.
+func (c *conn) Close() error {
+	c.close("the directory's PD is being deallocated")
+	return nil
+}
+
+func (c *conn) close(reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closeLocked(reason)
+}
+
+// closeLocked tears the connection down once: disconnect (the peer sees
+// DISCONNECTED, its QP goes to ERROR), destroy the QP and CQ, the id,
+// and leave the Domain and the listener.
+func (c *conn) closeLocked(reason string) {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	var errs []error
+	if c.qp != nil {
+		c.qp.Disconnect() // fails harmlessly when the peer already left
+		if err := c.qp.Destroy(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := c.id.Destroy(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.detach != nil {
+		c.detach()
+	}
+	c.l.mu.Lock()
+	delete(c.l.conns, c.id)
+	c.l.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		c.l.log.Error("rdma_cm connection teardown failed", "peer", c.peer.String(), "dir", c.dir, "err", err)
+		return
+	}
+	c.l.log.Info("rdma_cm connection closed", "peer", c.peer.String(), "dir", c.dir, "pd", c.pd, "qp", c.qpNum, "reason", reason)
+}

@@ -1,0 +1,97 @@
+// Package rdmacm is mrfs's RDMA transport for remote peers: an rdma_cm
+// listener that gives each connection an RC queue pair in the PD of the
+// directory the peer names, and a client that connects and performs
+// one-sided operations. The NIC checks every operation (rkey, PD,
+// access, range) itself; mrfs only sets the QP up and tears it down.
+//
+// The listener and the client need the rdma build (-tags rdma); the
+// private data format in this file is pure Go and built always, so that
+// it is tested everywhere.
+package rdmacm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// Private data of a connect request: "MRFS", the version, the length of
+// the path, the path of the PD directory relative to the mount's root.
+// Over IB and RoCE the request carries 56 bytes of private data and the
+// receiver sees them all, zero-padded, hence the explicit length.
+//
+// Private data of a reject: "MRFS", the version, an errno (big endian
+// uint16), the length of a message and the message (for people).
+const (
+	magic       = "MRFS"
+	version     = 1
+	connectHdr  = len(magic) + 2
+	rejectHdr   = len(magic) + 4
+	maxConnect  = 56 // ibv.MaxPrivateConnect
+	maxReject   = 148
+	MaxDirBytes = maxConnect - connectHdr // the longest directory a peer can name
+)
+
+// ErrPrivateData matches a malformed connect request or reject.
+var ErrPrivateData = errors.New("malformed rdma_cm private data")
+
+// encodeConnect is the private data naming dir.
+func encodeConnect(dir string) ([]byte, error) {
+	if len(dir) > MaxDirBytes {
+		return nil, fmt.Errorf("directory %q is %d bytes; a connect request carries at most %d: %w", dir, len(dir), MaxDirBytes, syscall.ENAMETOOLONG)
+	}
+	b := make([]byte, 0, connectHdr+len(dir))
+	b = append(b, magic...)
+	b = append(b, version, byte(len(dir)))
+	return append(b, dir...), nil
+}
+
+// decodeConnect reads the directory a connect request names.
+func decodeConnect(b []byte) (string, error) {
+	if len(b) < connectHdr || string(b[:len(magic)]) != magic {
+		return "", fmt.Errorf("%w: no mrfs header (%d bytes)", ErrPrivateData, len(b))
+	}
+	if v := b[len(magic)]; v != version {
+		return "", fmt.Errorf("%w: version %d, this mrfs speaks %d", ErrPrivateData, v, version)
+	}
+	n := int(b[len(magic)+1])
+	if connectHdr+n > len(b) {
+		return "", fmt.Errorf("%w: path of %d bytes in %d bytes of private data", ErrPrivateData, n, len(b))
+	}
+	dir := string(b[connectHdr : connectHdr+n])
+	for _, c := range []byte(dir) {
+		if c == 0 {
+			return "", fmt.Errorf("%w: NUL in the path", ErrPrivateData)
+		}
+	}
+	return dir, nil
+}
+
+// encodeReject is the private data of a reject for errno with msg,
+// cut to what a reject carries.
+func encodeReject(errno syscall.Errno, msg string) []byte {
+	if len(msg) > maxReject-rejectHdr {
+		msg = msg[:maxReject-rejectHdr]
+	}
+	b := make([]byte, 0, rejectHdr+len(msg))
+	b = append(b, magic...)
+	b = append(b, version)
+	b = binary.BigEndian.AppendUint16(b, uint16(errno))
+	b = append(b, byte(len(msg)))
+	return append(b, msg...)
+}
+
+// decodeReject reads a reject's errno and message; ok is false when the
+// private data is not mrfs's (a reject by the kernel or another program).
+func decodeReject(b []byte) (errno syscall.Errno, msg string, ok bool) {
+	if len(b) < rejectHdr || string(b[:len(magic)]) != magic || b[len(magic)] != version {
+		return 0, "", false
+	}
+	errno = syscall.Errno(binary.BigEndian.Uint16(b[len(magic)+1:]))
+	n := int(b[len(magic)+3])
+	if rejectHdr+n > len(b) {
+		n = len(b) - rejectHdr
+	}
+	return errno, string(b[rejectHdr : rejectHdr+n]), true
+}

@@ -1,0 +1,58 @@
+package rdmacm
+
+import (
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestConnectRoundTrip(t *testing.T) {
+	for _, dir := range []string{"", "/", "tenant", "a/b/c", strings.Repeat("x", MaxDirBytes)} {
+		b, err := encodeConnect(dir)
+		if err != nil {
+			t.Fatalf("encode %q: %v", dir, err)
+		}
+		// The receiver sees the CM message's whole field, zero-padded.
+		padded := append(b, make([]byte, maxConnect-len(b))...)
+		got, err := decodeConnect(padded)
+		if err != nil || got != dir {
+			t.Errorf("decode(encode(%q)) = %q, %v", dir, got, err)
+		}
+	}
+	if _, err := encodeConnect(strings.Repeat("x", MaxDirBytes+1)); !errors.Is(err, syscall.ENAMETOOLONG) {
+		t.Errorf("too long a directory: %v, want ENAMETOOLONG", err)
+	}
+}
+
+func TestConnectRejectsGarbage(t *testing.T) {
+	good, _ := encodeConnect("dir")
+	bad := map[string][]byte{
+		"empty":       nil,
+		"short":       []byte("MRF"),
+		"magic":       append([]byte("XXXX"), good[4:]...),
+		"version":     append(append([]byte("MRFS"), 2), good[5:]...),
+		"length":      append([]byte("MRFS\x01\x20"), "dir"...),
+		"nul in path": append([]byte("MRFS\x01\x03"), "d\x00r"...),
+	}
+	for name, b := range bad {
+		if _, err := decodeConnect(b); !errors.Is(err, ErrPrivateData) {
+			t.Errorf("%s: %v, want ErrPrivateData", name, err)
+		}
+	}
+}
+
+func TestRejectRoundTrip(t *testing.T) {
+	b := encodeReject(syscall.ENOENT, "no directory \"x\"")
+	errno, msg, ok := decodeReject(append(b, make([]byte, 20)...))
+	if !ok || errno != syscall.ENOENT || msg != "no directory \"x\"" {
+		t.Errorf("decodeReject = %v %q %v", errno, msg, ok)
+	}
+	long := encodeReject(syscall.EACCES, strings.Repeat("m", 500))
+	if len(long) > maxReject {
+		t.Errorf("reject of %d bytes, at most %d fit", len(long), maxReject)
+	}
+	if _, _, ok := decodeReject([]byte{0, 0, 0}); ok {
+		t.Error("a foreign reject decoded as mrfs's")
+	}
+}
