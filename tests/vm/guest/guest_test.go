@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -171,18 +172,40 @@ func xattrNum(t testing.TB, path, name string) uint64 {
 type daemon struct {
 	cmd  *exec.Cmd
 	dir  string
-	log  *bytes.Buffer
+	log  *syncBuffer
 	done chan error
+}
+
+// syncBuffer is a bytes.Buffer that a process writes to while a test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex // guards: b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // mount starts mrfs on rxe0 with the rdma backend. Kernel 6.1 has no FUSE
 // passthrough, so zero copy is off (direct I/O, no mmap): registration,
 // which is what these tests look at, is the same either way.
-func mount(t testing.TB) *daemon {
+func mount(t testing.TB) *daemon { t.Helper(); return mountConf(t, "") }
+
+// mountConf is mount with more config.toml tables appended.
+func mountConf(t testing.TB, extra string) *daemon {
 	t.Helper()
 	tmp := t.TempDir()
 	cfg := filepath.Join(tmp, "config.toml")
-	conf := "[verbs]\nbackend = \"rdma\"\ndevice = \"" + device + "\"\n\n[mount]\nzero_copy = false\n"
+	conf := "[verbs]\nbackend = \"rdma\"\ndevice = \"" + device + "\"\n\n[mount]\nzero_copy = false\n\n" + extra
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +213,7 @@ func mount(t testing.TB) *daemon {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{dir: dir, log: new(bytes.Buffer), done: make(chan error, 1)}
+	d := &daemon{dir: dir, log: new(syncBuffer), done: make(chan error, 1)}
 	d.cmd = exec.Command(mrfsBin(), "mount", "--config", cfg, dir)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
