@@ -30,7 +30,7 @@ type env struct {
 }
 
 // setup serves two PDs, "/" and "/b", of a soft device on loopback.
-func setup(t *testing.T, opt server.Options) *env {
+func setup(t testing.TB, opt server.Options) *env {
 	t.Helper()
 	dev, err := soft.New(soft.Options{}).Open("")
 	if err != nil {
