@@ -114,6 +114,21 @@ func (b *Buffer) Fd() int {
 	return b.fd
 }
 
+// DupFd returns a new descriptor of the memfd (close-on-exec), which
+// stays valid after Free; the caller closes it. ENOENT once freed.
+func (b *Buffer) DupFd() (int, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.gone != nil {
+		return -1, fmt.Errorf("dup memfd: %w", b.gone)
+	}
+	fd, err := unix.FcntlInt(uintptr(b.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("dup memfd: %w", err)
+	}
+	return fd, nil
+}
+
 // Info returns a snapshot. After Free it reports the last size with
 // State Empty.
 func (b *Buffer) Info() Info {

@@ -64,6 +64,9 @@ func (n *bufferNode) fillAttr(out *fuse.Attr) {
 	out.Blocks = (size + 511) / 512
 	out.Blksize = 4096
 	out.Nlink = 1
+	if n.buf.Fd() < 0 {
+		out.Nlink = 0 // unlinked, still open somewhere
+	}
 }
 
 func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
@@ -94,22 +97,31 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 		}
 		n.touch(true)
 	}
-	if n.buf.Fd() < 0 {
-		return nil, 0, syscall.ENOENT
+	fh, fuseFlags, err := n.newHandle(flags)
+	if err != nil {
+		return nil, 0, toErrno(n.fsys.log, "open", err)
 	}
-	fh, fuseFlags := n.newHandle(flags)
 	return fh, fuseFlags, 0
 }
 
 // newHandle returns the one kind of handle this mount uses: passthrough,
 // or direct I/O in degraded mode. Mixing them on an inode makes the
 // kernel fail opens with EIO.
-func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32) {
+//
+// A passthrough handle holds its own duplicate of the memfd: go-fuse
+// registers it with the kernel after Open returns, by which time an
+// unlink may have closed the buffer's fd and a new buffer reused its
+// number.
+func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32, error) {
 	h := handle{node: n, writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
-	if n.fsys.ZeroCopy {
-		return &passthroughHandle{h}, 0
+	if !n.fsys.ZeroCopy {
+		return &directHandle{h}, fuse.FOPEN_DIRECT_IO, nil
 	}
-	return &directHandle{h}, fuse.FOPEN_DIRECT_IO
+	fd, err := n.buf.DupFd()
+	if err != nil {
+		return nil, 0, err
+	}
+	return &passthroughHandle{handle: h, fd: fd}, 0, nil
 }
 
 func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {

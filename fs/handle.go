@@ -8,6 +8,7 @@ import (
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // handle is what both kinds of open share.
@@ -30,6 +31,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 // the memfd unseen; flush and release learn the new size.
 type passthroughHandle struct {
 	handle
+	fd int // a duplicate of the memfd, closed at release
 }
 
 var (
@@ -38,10 +40,18 @@ var (
 	_ = (fusefs.FileReleaser)((*passthroughHandle)(nil))
 )
 
-func (h *passthroughHandle) PassthroughFd() (int, bool) {
-	fd := h.node.buf.Fd()
-	return fd, fd >= 0
+func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.fd, true }
+
+func (h *passthroughHandle) Release(ctx context.Context) syscall.Errno {
+	h.release()
+	return h.handle.Release(ctx)
 }
+
+// releaser is a handle that holds something to give back even when no
+// RELEASE comes (a Create that fails after making its handle).
+type releaser interface{ release() }
+
+func (h *passthroughHandle) release() { unix.Close(h.fd) }
 
 // directHandle serves reads and writes through the daemon (degraded mode:
 // no passthrough). Opened with FOPEN_DIRECT_IO, so the kernel keeps no

@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -35,13 +36,20 @@ var ErrNoPassthrough = errors.New("FUSE passthrough unavailable")
 // when passthrough does not work, since go-fuse would otherwise fall back
 // to the page cache silently.
 func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
+	// go-fuse mounts over a regular file too (and a mount on a missing
+	// path fails with a confusing fusermount error): check first.
+	if st, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("mountpoint: %w", err)
+	} else if !st.IsDir() {
+		return nil, fmt.Errorf("mountpoint %s is not a directory: %w", dir, syscall.ENOTDIR)
+	}
 	dom, err := opt.Manager.NewDomain(opt.DefaultAccess)
 	if err != nil {
 		return nil, fmt.Errorf("allocate the root PD: %w", err)
 	}
 	fsys := &filesystem{Options: opt, mgr: opt.Manager, log: opt.Log}
-	root := &dirNode{fsys: fsys, dom: dom, root: true}
-	root.meta = newMeta(nil, 0o755)
+	root := newDirNode(fsys, dom, newMeta(nil, 0o755))
+	root.root = true
 	options := &fusefs.Options{
 		// Attribute and entry timeouts stay unset (0): sizes change
 		// behind the kernel's back (writes past EOF via passthrough).
@@ -98,18 +106,21 @@ func probePassthrough(srv *fuse.Server) error {
 // get a queue pair in that PD. ENOENT or ENOTDIR when there is no such
 // directory.
 func (s *Server) Domain(path string) (*buffer.Domain, error) {
-	n := &s.root.Inode
+	s.root.fsys.treeMu.RLock()
+	defer s.root.fsys.treeMu.RUnlock()
+	d := s.root
 	for _, name := range strings.Split(strings.Trim(filepath.Clean("/"+path), "/"), "/") {
 		if name == "" {
 			continue
 		}
-		if n = n.GetChild(name); n == nil {
+		child := d.entries[name]
+		if child == nil {
 			return nil, fmt.Errorf("no directory %q in the mount: %w", path, syscall.ENOENT)
 		}
-	}
-	d, ok := n.Operations().(*dirNode)
-	if !ok {
-		return nil, fmt.Errorf("%q is not a directory: %w", path, syscall.ENOTDIR)
+		var ok bool
+		if d, ok = child.(*dirNode); !ok {
+			return nil, fmt.Errorf("%q is not a directory: %w", path, syscall.ENOTDIR)
+		}
 	}
 	return d.dom, nil
 }

@@ -66,6 +66,10 @@ type desc struct {
 // fileXattr returns the value of a file attribute. Keys, address and desc
 // exist only while the buffer is registered.
 func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
+	if !strings.HasPrefix(name, xattrPrefix) {
+		// e.g. security.capability, asked on every write: no fstat.
+		return nil, syscall.ENODATA
+	}
 	n.sync()
 	info := n.buf.Info()
 	registered := info.State == buffer.Registered
