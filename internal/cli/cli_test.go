@@ -34,7 +34,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"mount", "--backend", "gpu", "/x"}, exitUsage, "gpu"},
 		{[]string{"mount", "--config", "/nonexistent/mrfs.toml", "/x"}, exitUsage, "/nonexistent/mrfs.toml"},
 		{[]string{"devices", "--backend", "rdma"}, exitFailure, "-tags rdma"},
-		{[]string{"status", t.TempDir()}, exitFailure, "not an mrfs mount"},
+		{[]string{"status", t.TempDir()}, exitFailure, "not the root of an mrfs mount"},
 		{[]string{"umount", t.TempDir()}, exitFailure, "not a mount point"},
 	} {
 		if tc.msg == "-tags rdma" && rdmaProvider != nil {
@@ -64,5 +64,25 @@ func TestParseInterleavesFlagsAndArguments(t *testing.T) {
 	pos, err := parse(f, []string{"/mnt", "--backend", "soft"}, 1)
 	if err != nil || len(pos) != 1 || pos[0] != "/mnt" || *backend != "soft" {
 		t.Errorf("parse = %q, %v, backend %q", pos, err, *backend)
+	}
+}
+
+func TestUmountRefusesOtherFilesystems(t *testing.T) {
+	// /proc is always a mount, and never an mrfs one.
+	code, _, stderr := runCLI("umount", "/proc")
+	if code != exitFailure || !strings.Contains(stderr, "a proc mount, not mrfs") {
+		t.Errorf("umount /proc: exit %d, %q", code, stderr)
+	}
+}
+
+func TestUnescapeMountinfo(t *testing.T) {
+	if got := unescapeMountinfo(`/tmp/a\040b\134c`); got != `/tmp/a b\c` {
+		t.Errorf("unescape = %q", got)
+	}
+}
+
+func TestPlural(t *testing.T) {
+	if plural(1, "PD") != "1 PD" || plural(2, "buffer") != "2 buffers" || plural(0, "PD") != "0 PDs" {
+		t.Error(plural(1, "PD"), plural(2, "buffer"), plural(0, "PD"))
 	}
 }

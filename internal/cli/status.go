@@ -8,8 +8,10 @@ import (
 	"io"
 	iofs "io/fs"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode"
 
 	"golang.org/x/sys/unix"
 
@@ -43,8 +45,11 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	}
 	dir := pos[0]
 	raw, err := getxattr(dir, "user.mrfs.stats")
-	if err != nil {
-		return fmt.Errorf("%s is not an mrfs mount (no user.mrfs.stats): %w", dir, err)
+	switch {
+	case errors.Is(err, unix.ENOTCONN):
+		return fmt.Errorf("%s: the mrfs daemon is gone (%w); clear the mount with `mrfs umount %s`", dir, err, dir)
+	case err != nil:
+		return fmt.Errorf("%s is not the root of an mrfs mount (no user.mrfs.stats): %w", dir, err)
 	}
 	var st rootStats
 	if err := json.Unmarshal(raw, &st); err != nil {
@@ -53,14 +58,24 @@ func cmdStatus(args []string, stdout io.Writer) error {
 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tPD\tLENGTH\tSTATE\tLKEY\tRKEY\tADDR\tACCESS")
+	var unreadable []string
 	walkErr := filepath.WalkDir(dir, func(path string, d iofs.DirEntry, err error) error {
+		rel, _ := filepath.Rel(dir, path)
 		if err != nil {
+			// A directory this user may not read: its buffers are
+			// still in the totals below.
+			if errors.Is(err, iofs.ErrPermission) {
+				unreadable = append(unreadable, rel)
+				return filepath.SkipDir
+			}
 			return err
 		}
 		if d.IsDir() {
 			return nil
 		}
-		rel, _ := filepath.Rel(dir, path)
+		if strings.ContainsFunc(rel, unicode.IsControl) {
+			rel = strconv.Quote(rel) // keep one line per buffer
+		}
 		x := func(name string) string {
 			v, err := getxattr(path, "user.mrfs."+name)
 			if err != nil {
@@ -82,12 +97,22 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		zc = "off"
 	}
 	fmt.Fprintf(stdout, "\nbackend %s, device %s, zero copy %s\n", st.Backend, st.Device, zc)
-	fmt.Fprintf(stdout, "totals: %d buffers in %d PDs, %s registered, %s pinned\n",
-		st.Buffers, st.PDs, config.FormatSize(st.RegisteredBytes), config.FormatSize(st.PinnedBytes))
+	if len(unreadable) > 0 {
+		fmt.Fprintf(stdout, "not readable by this user: %s\n", strings.Join(unreadable, ", "))
+	}
+	fmt.Fprintf(stdout, "totals: %s in %s, %s registered, %s pinned\n",
+		plural(st.Buffers, "buffer"), plural(st.PDs, "PD"), config.FormatSize(st.RegisteredBytes), config.FormatSize(st.PinnedBytes))
 	l := st.Limits
 	fmt.Fprintf(stdout, "limits: max_buffers %s, max_pinned %s, max_mr %s, RLIMIT_MEMLOCK %s\n",
 		limit(l.MaxBuffers, false), limit(l.MaxPinned, true), limit(l.MaxMR, false), limit(l.Memlock, true))
 	return nil
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func limit(v uint64, bytes bool) string {

@@ -19,6 +19,15 @@ func cmdUmount(args []string) error {
 		return err
 	}
 	dir := pos[0]
+	// Only mrfs mounts: a typo must not unmount something else.
+	switch fstype, err := mountFSType(dir); {
+	case err != nil:
+		return fmt.Errorf("unmount %s: %w", dir, err)
+	case fstype == "":
+		return fmt.Errorf("unmount %s: not a mount point", dir)
+	case fstype != mrfsFSType:
+		return fmt.Errorf("unmount %s: a %s mount, not mrfs; use umount(8)", dir, fstype)
+	}
 	flags := 0
 	if *lazy {
 		flags = unix.MNT_DETACH

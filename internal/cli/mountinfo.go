@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// mrfsFSType is how an mrfs mount appears in /proc/self/mountinfo.
+const mrfsFSType = "fuse.mrfs"
+
+// mountFSType returns the filesystem type of the topmost mount at dir, or
+// "" when dir is not a mount point. It reads mountinfo rather than
+// stat-ing dir, which fails with ENOTCONN once the daemon is gone.
+func mountFSType(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	fstype := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root MOUNTPOINT options ... - FSTYPE source ...
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 || unescapeMountinfo(fields[4]) != abs {
+			continue
+		}
+		for i, f := range fields {
+			if f == "-" && i+1 < len(fields) {
+				fstype = fields[i+1] // later lines are mounted on top
+				break
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("read mountinfo: %w", err)
+	}
+	return fstype, nil
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
