@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"mrfs/remote/client"
@@ -15,6 +17,63 @@ import (
 
 // stdin is where `mrfs remote write` reads its data; tests replace it.
 var stdin io.Reader = os.Stdin
+
+// remoteConn is what `mrfs remote` needs of a connection to one PD of a
+// peer, whatever the transport. An operation that completed with a
+// status other than IBV_WC_SUCCESS returns an error wrapping a
+// *client.StatusError with that status (the soft client's own errors
+// are such; the rdma_cm adapter converts its work completions to them).
+type remoteConn interface {
+	// MaxMessage is the largest READ or WRITE the path carries.
+	MaxMessage() uint32
+	Read(dst []byte, iova uint64, rkey uint32) error
+	Write(iova uint64, rkey uint32, src []byte) error
+	CompareSwap(iova uint64, rkey uint32, compare, swap uint64) (uint64, error)
+	FetchAdd(iova uint64, rkey uint32, add uint64) (uint64, error)
+	Close() error
+}
+
+// remoteDialer connects to peer and joins the PD of dir; ctx's deadline
+// bounds the connection and every operation on it.
+type remoteDialer func(ctx context.Context, peer, dir string) (remoteConn, error)
+
+// Transport names, as user.mrfs.remote shows them.
+const (
+	transportTCP  = "tcp"     // the soft protocol (docs/PROTOCOL.md)
+	transportRDMA = "rdma_cm" // real queue pairs (build tag rdma)
+)
+
+// remoteDialers are the transports this binary has; remote_rdma.go
+// (build tag rdma) adds rdma_cm and makes it the default, so that
+// `mrfs remote` speaks what the build's daemon serves.
+var (
+	remoteDialers    = map[string]remoteDialer{transportTCP: dialSoft}
+	defaultTransport = transportTCP
+)
+
+// dialSoft is the soft TCP client.
+func dialSoft(ctx context.Context, peer, dir string) (remoteConn, error) {
+	c, err := client.Dial(ctx, peer, dir)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	return c, nil
+}
+
+// transportName maps --transport to a transport name; "rdma" is short
+// for rdma_cm.
+func transportName(s string) (string, bool) {
+	switch s {
+	case transportTCP, "soft":
+		return transportTCP, true
+	case transportRDMA, "rdma":
+		return transportRDMA, true
+	}
+	return "", false
+}
 
 // cmdRemote runs one one-sided operation against a peer's mrfs: read
 // prints the bytes to stdout, write sends stdin, cas and fadd print the
@@ -31,14 +90,15 @@ func cmdRemote(args []string, stdout io.Writer) error {
 		return usageError("remote: unknown operation %q; want read, write, cas or fadd", op)
 	}
 	f := flag.NewFlagSet("remote "+op, flag.ContinueOnError)
-	peer := f.String("peer", "", "host:port of the mrfs daemon (its remote.listen)")
-	pd := f.String("pd", "/", "directory of the peer's mount whose PD to join")
+	peer := f.String("peer", "", "host:port of the mrfs daemon (its remote.listen, as user.mrfs.remote shows it)")
+	pd := f.String("pd", "", "directory of the peer's mount whose PD to join; / is its root")
 	addrS := f.String("addr", "", "remote address (user.mrfs.addr)")
 	rkeyS := f.String("rkey", "", "remote key (user.mrfs.rkey)")
 	lengthS := f.String("length", "", "bytes to read; for write, send only the first N bytes of stdin")
 	compareS := f.String("compare", "", "cas: the value expected")
 	swapS := f.String("swap", "", "cas: the value to store")
 	addS := f.String("add", "", "fadd: the value to add")
+	transportS := f.String("transport", defaultTransport, "tcp (the soft protocol) or rdma_cm (alias rdma; needs -tags rdma); default: the build's")
 	timeout := f.Duration("timeout", 10*time.Second, "bound on connecting and the operation")
 	if _, err := parse(f, args[1:], 0); err != nil {
 		return err
@@ -58,6 +118,9 @@ func cmdRemote(args []string, stdout io.Writer) error {
 	}
 	if *peer == "" {
 		return usageError("remote %s: --peer is required", op)
+	}
+	if *pd == "" {
+		return usageError("remote %s: --pd is required (a directory of the peer's mount, / for its root)", op)
 	}
 	addr, _, err := num("addr", *addrS, 64, true)
 	if err != nil {
@@ -85,15 +148,31 @@ func cmdRemote(args []string, stdout io.Writer) error {
 			return err
 		}
 	}
+	if *timeout <= 0 {
+		return usageError("remote %s: --timeout %s is not positive", op, *timeout)
+	}
+	transport, ok := transportName(*transportS)
+	if !ok {
+		return usageError("remote %s: unknown --transport %q; want tcp or rdma_cm", op, *transportS)
+	}
+	dial := remoteDialers[transport]
+	if dial == nil {
+		have := make([]string, 0, len(remoteDialers))
+		for n := range remoteDialers {
+			have = append(have, n)
+		}
+		sort.Strings(have)
+		return fmt.Errorf("remote %s: this binary has no %s transport (it has %s): rebuild with `go build -tags rdma ./cmd/mrfs`",
+			op, transport, strings.Join(have, ", "))
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	c, err := client.Dial(ctx, *peer, *pd)
+	c, err := dial(ctx, *peer, *pd)
 	if err != nil {
-		return err
+		return fmt.Errorf("remote %s over %s: %w", op, transport, err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(*timeout))
 	var old uint64
 	switch op {
 	case "read":
@@ -103,7 +182,7 @@ func cmdRemote(args []string, stdout io.Writer) error {
 		}
 	case "write":
 		var data []byte
-		// Read one byte past the peer's limit: more is a local length
+		// Read one byte past the path's limit: more is a local length
 		// error, which the client reports without sending.
 		limit := int64(c.MaxMessage()) + 1
 		if haveLength {
@@ -124,10 +203,10 @@ func cmdRemote(args []string, stdout io.Writer) error {
 	}
 	var se *client.StatusError
 	if errors.As(err, &se) {
-		return fmt.Errorf("%s: remote %s at 0x%x rkey 0x%x on %s", se.Status, op, addr, rkey, *peer)
+		return fmt.Errorf("%s: remote %s at 0x%x rkey 0x%x on %s over %s", se.Status, op, addr, rkey, *peer, transport)
 	}
 	if err != nil {
-		return fmt.Errorf("remote %s: %w", op, err)
+		return fmt.Errorf("remote %s over %s: %w", op, transport, err)
 	}
 	if op == "cas" || op == "fadd" {
 		fmt.Fprintf(stdout, "0x%x\n", old)

@@ -1,0 +1,245 @@
+package cli
+
+import (
+	"context"
+	"encoding/binary"
+	"strings"
+	"testing"
+
+	"mrfs/remote/client"
+	"mrfs/verbs"
+)
+
+// fakeRemote replaces every transport of `mrfs remote` with one that
+// works on a local 4 KiB region (rkey 0x1234 at iova 0x1000), checked
+// crudely, so the command runs on the host without a peer. dials counts
+// the connections made.
+type fakeRemote struct {
+	mem       []byte
+	dials     []string // "transport peer dir"
+	transport string
+}
+
+const fakeIOVA, fakeRKey = 0x1000, 0x1234
+
+func installFakeRemote(t *testing.T) *fakeRemote {
+	t.Helper()
+	f := &fakeRemote{mem: make([]byte, 4096)}
+	saved := remoteDialers
+	remoteDialers = map[string]remoteDialer{}
+	for name := range saved {
+		remoteDialers[name] = func(_ context.Context, peer, dir string) (remoteConn, error) {
+			f.dials = append(f.dials, name+" "+peer+" "+dir)
+			return &fakeConn{f: f}, nil
+		}
+	}
+	t.Cleanup(func() { remoteDialers = saved })
+	return f
+}
+
+type fakeConn struct{ f *fakeRemote }
+
+func (c *fakeConn) MaxMessage() uint32 { return 1 << 20 }
+func (c *fakeConn) Close() error       { return nil }
+
+// at is the region's bytes [iova, iova+n) or a REM_ACCESS_ERR.
+func (c *fakeConn) at(op string, iova uint64, rkey uint32, n int) ([]byte, error) {
+	if rkey != fakeRKey || iova < fakeIOVA || iova+uint64(n) > fakeIOVA+uint64(len(c.f.mem)) {
+		return nil, &client.StatusError{Op: op, Status: verbs.WCRemAccessErr}
+	}
+	return c.f.mem[iova-fakeIOVA:][:n], nil
+}
+
+func (c *fakeConn) Read(dst []byte, iova uint64, rkey uint32) error {
+	b, err := c.at("READ", iova, rkey, len(dst))
+	copy(dst, b)
+	return err
+}
+
+func (c *fakeConn) Write(iova uint64, rkey uint32, src []byte) error {
+	b, err := c.at("WRITE", iova, rkey, len(src))
+	copy(b, src)
+	return err
+}
+
+func (c *fakeConn) CompareSwap(iova uint64, rkey uint32, compare, swap uint64) (uint64, error) {
+	b, err := c.at("COMPARE_AND_SWAP", iova, rkey, 8)
+	if err != nil {
+		return 0, err
+	}
+	old := binary.NativeEndian.Uint64(b)
+	if old == compare {
+		binary.NativeEndian.PutUint64(b, swap)
+	}
+	return old, nil
+}
+
+func (c *fakeConn) FetchAdd(iova uint64, rkey uint32, add uint64) (uint64, error) {
+	b, err := c.at("FETCH_AND_ADD", iova, rkey, 8)
+	if err != nil {
+		return 0, err
+	}
+	old := binary.NativeEndian.Uint64(b)
+	binary.NativeEndian.PutUint64(b, old+add)
+	return old, nil
+}
+
+// Usage errors exit 2 with a message naming the problem, and connect to
+// nothing.
+func TestRemoteUsageErrors(t *testing.T) {
+	f := installFakeRemote(t)
+	ok := []string{"--peer", "127.0.0.1:7471", "--pd", "/", "--addr", "0x1000", "--rkey", "0x1234"}
+	without := func(flag string) []string {
+		var a []string
+		for i := 0; i < len(ok); i += 2 {
+			if ok[i] != flag {
+				a = append(a, ok[i], ok[i+1])
+			}
+		}
+		return a
+	}
+	with := func(extra ...string) []string { return append(append([]string(nil), ok...), extra...) }
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{nil, "want an operation"},
+		{[]string{"frob"}, `unknown operation "frob"`},
+		{[]string{"READ"}, `unknown operation "READ"`},
+		{append([]string{"write"}, without("--peer")...), "--peer is required"},
+		{append([]string{"write"}, without("--pd")...), "--pd is required"},
+		{append([]string{"write"}, without("--addr")...), "--addr is required"},
+		{append([]string{"write"}, without("--rkey")...), "--rkey is required"},
+		{append([]string{"write"}, with("--pd", "")...), "--pd is required"},
+		{append([]string{"write"}, with("--addr", "0xzz")...), `--addr "0xzz" is not a number`},
+		{append([]string{"write"}, with("--addr", "-1")...), `--addr "-1" is not a number`},
+		{append([]string{"write"}, with("--rkey", "0x123456789")...), `--rkey "0x123456789" is not a number (decimal or 0x hex, 32 bits)`},
+		{append([]string{"write"}, with("--rkey", "key")...), `--rkey "key" is not a number`},
+		{append([]string{"read"}, ok...), "--length is required"},
+		{append([]string{"read"}, with("--length", "lots")...), `--length "lots" is not a number`},
+		{append([]string{"read"}, with("--length", "-5")...), `--length "-5" is not a number`},
+		{append([]string{"read"}, with("--length", "0x100000000")...), `--length "0x100000000" is not a number`},
+		{append([]string{"write"}, with("--length", "1.5")...), `--length "1.5" is not a number`},
+		{append([]string{"cas"}, with("--swap", "1")...), "--compare is required"},
+		{append([]string{"cas"}, with("--compare", "1")...), "--swap is required"},
+		{append([]string{"cas"}, with("--compare", "1", "--swap", "0xg")...), `--swap "0xg" is not a number`},
+		{append([]string{"fadd"}, ok...), "--add is required"},
+		{append([]string{"fadd"}, with("--add", "1e3")...), `--add "1e3" is not a number`},
+		{append([]string{"write"}, with("--transport", "udp")...), `unknown --transport "udp"`},
+		{append([]string{"write"}, with("--timeout", "0s")...), "--timeout 0s is not positive"},
+		{append([]string{"write"}, with("--timeout", "soon")...), "invalid value"},
+		{append([]string{"write"}, with("--bogus")...), "flag provided but not defined: -bogus"},
+		{append([]string{"write"}, with("extra")...), "want 0 argument(s), got 1"},
+	} {
+		args := append([]string{"remote"}, tc.args...)
+		code, stdout, stderr := runCLI(args...)
+		if code != exitUsage || !strings.Contains(stderr, tc.msg) || !strings.Contains(stderr, "usage:") || stdout != "" {
+			t.Errorf("mrfs %q: exit %d, stdout %q, stderr %q; want exit 2 naming %q", args, code, stdout, stderr, tc.msg)
+		}
+	}
+	if len(f.dials) != 0 {
+		t.Errorf("usage errors connected: %q", f.dials)
+	}
+}
+
+// The operations go through the build's transport by default, print
+// old values of atomics in hex and failed completions' status names.
+func TestRemoteOperations(t *testing.T) {
+	f := installFakeRemote(t)
+	saved := stdin
+	t.Cleanup(func() { stdin = saved })
+	base := []string{"--peer", "10.0.0.1:7471", "--pd", "/tenant", "--rkey", "0x1234"}
+	remote := func(op string, args ...string) (int, string, string) {
+		return runCLI(append(append([]string{"remote", op}, base...), args...)...)
+	}
+
+	stdin = strings.NewReader("hello, remote")
+	if code, out, errs := remote("write", "--addr", "0x1010"); code != exitOK || out != "" || errs != "" {
+		t.Fatalf("write: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if got := string(f.mem[0x10 : 0x10+13]); got != "hello, remote" {
+		t.Errorf("write landed %q", got)
+	}
+	stdin = strings.NewReader("abcdef")
+	if code, _, errs := remote("write", "--addr", "0x1100", "--length", "3"); code != exitOK || string(f.mem[0x100:0x104]) != "abc\x00" {
+		t.Errorf("write --length 3: exit %d, stderr %q, region %q", code, errs, f.mem[0x100:0x104])
+	}
+	stdin = strings.NewReader("ab")
+	if code, _, errs := remote("write", "--addr", "0x1100", "--length", "3"); code != exitFailure || !strings.Contains(errs, "stdin had only 2 bytes") {
+		t.Errorf("write --length 3 of 2 bytes: exit %d, stderr %q", code, errs)
+	}
+	if code, out, errs := remote("read", "--addr", "4112", "--length", "5"); code != exitOK || out != "hello" {
+		t.Errorf("read: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if code, out, _ := remote("read", "--addr", "0x1000", "--length", "0"); code != exitOK || out != "" {
+		t.Errorf("read of 0 bytes: exit %d, stdout %q", code, out)
+	}
+	for _, tc := range []struct {
+		op   string
+		args []string
+		out  string
+	}{
+		{"fadd", []string{"--add", "5"}, "0x0\n"},
+		{"fadd", []string{"--add", "0x10"}, "0x5\n"},
+		{"cas", []string{"--compare", "21", "--swap", "0xabc"}, "0x15\n"},
+		{"cas", []string{"--compare", "21", "--swap", "7"}, "0xabc\n"},
+	} {
+		code, out, errs := remote(tc.op, append([]string{"--addr", "0x1400"}, tc.args...)...)
+		if code != exitOK || out != tc.out {
+			t.Errorf("%s %q: exit %d, stdout %q, stderr %q; want %q", tc.op, tc.args, code, out, errs, tc.out)
+		}
+	}
+
+	// A failed completion: the status name first on stderr, exit 1.
+	stdin = strings.NewReader("x")
+	for _, args := range [][]string{
+		{"write", "--addr", "0x2000"},
+		{"read", "--addr", "0x1ff8", "--length", "9"},
+		{"fadd", "--addr", "0x800", "--add", "1"},
+	} {
+		code, out, errs := remote(args[0], args[1:]...)
+		if code != exitFailure || out != "" || !strings.HasPrefix(errs, "mrfs: IBV_WC_REM_ACCESS_ERR: remote "+args[0]) {
+			t.Errorf("%q outside the region: exit %d, stdout %q, stderr %q; want exit 1, IBV_WC_REM_ACCESS_ERR", args, code, out, errs)
+		}
+	}
+	code, _, errs := runCLI("remote", "read", "--peer", "p:1", "--pd", "/", "--addr", "0x1000", "--rkey", "0x99", "--length", "1")
+	if code != exitFailure || !strings.Contains(errs, "IBV_WC_REM_ACCESS_ERR") || strings.Contains(errs, "usage:") {
+		t.Errorf("read with a wrong rkey: exit %d, stderr %q", code, errs)
+	}
+
+	for _, d := range f.dials {
+		if want := defaultTransport + " 10.0.0.1:7471 /tenant"; d != want && !strings.HasPrefix(d, defaultTransport+" p:1 ") {
+			t.Errorf("dialed %q, want %q (the build's transport)", d, want)
+		}
+	}
+	// --transport picks one; rdma is short for rdma_cm.
+	f.dials = nil
+	for _, name := range []string{"tcp", "rdma", "rdma_cm"} {
+		want, _ := transportName(name)
+		if _, ok := remoteDialers[want]; !ok {
+			continue
+		}
+		if code, _, errs := remote("fadd", "--addr", "0x1400", "--add", "0", "--transport", name); code != exitOK {
+			t.Errorf("--transport %s: exit %d, %s", name, code, errs)
+		}
+		if len(f.dials) == 0 || !strings.HasPrefix(f.dials[len(f.dials)-1], want+" ") {
+			t.Errorf("--transport %s dialed %q", name, f.dials)
+		}
+	}
+}
+
+// A binary without rdma_cm says how to get it, and fails (exit 1) like
+// `mrfs devices --backend rdma` does.
+func TestRemoteTransportMissing(t *testing.T) {
+	installFakeRemote(t)
+	if _, ok := remoteDialers[transportRDMA]; ok {
+		t.Skip("built with -tags rdma: rdma_cm is there")
+	}
+	if defaultTransport != transportTCP {
+		t.Errorf("default transport %q without -tags rdma, want tcp", defaultTransport)
+	}
+	code, _, errs := runCLI("remote", "write", "--transport", "rdma", "--peer", "h:1", "--pd", "/", "--addr", "0", "--rkey", "0")
+	if code != exitFailure || !strings.Contains(errs, "no rdma_cm transport") || !strings.Contains(errs, "-tags rdma") {
+		t.Errorf("--transport rdma without -tags rdma: exit %d, stderr %q", code, errs)
+	}
+}
