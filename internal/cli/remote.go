@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync/atomic"
 
 	"mrfs/buffer"
@@ -15,11 +16,18 @@ import (
 
 // rdmaRemote serves [remote] over rdma_cm on the rdma backend: it listens
 // on cfg.Listen, resolves each peer's directory with resolve, and returns
-// what stops it (closing every peer's queue pair). nil when the binary is
-// built without it; internal/cli/remote_rdma.go (build tag rdma) sets it.
-// A mount whose backend is rdma and whose remote.listen is set fails when
-// it is nil rather than silently serving nothing.
-var rdmaRemote func(cfg config.Remote, resolve func(dir string) (*buffer.Domain, error), log *slog.Logger) (io.Closer, error)
+// the listener: its address (the real port when cfg.Listen has port 0)
+// and what stops it (closing every peer's queue pair). nil when the
+// binary is built without it; internal/cli/remote_rdma.go (build tag
+// rdma) sets it. A mount whose backend is rdma and whose remote.listen is
+// set fails when it is nil rather than silently serving nothing.
+var rdmaRemote func(cfg config.Remote, resolve func(dir string) (*buffer.Domain, error), log *slog.Logger) (rdmaListener, error)
+
+// rdmaListener is a bound rdma_cm listener (rdmacm.Listener).
+type rdmaListener interface {
+	io.Closer
+	Addr() netip.AddrPort
+}
 
 var errNoRDMARemote = errors.New("remote.listen is set but this binary has no rdma_cm transport for the rdma backend: rebuild with `go build -tags rdma ./cmd/mrfs`, or use the soft backend")
 
@@ -93,12 +101,12 @@ func (r *remoteAccess) start(resolve func(dir string) (*buffer.Domain, error)) e
 		r.closer = s
 		where = "tcp " + r.ln.Addr().String()
 	default:
-		c, err := rdmaRemote(r.cfg, resolve, r.log)
+		l, err := rdmaRemote(r.cfg, resolve, r.log)
 		if err != nil {
 			return fmt.Errorf("remote access over rdma_cm on %s: %w", r.cfg.Listen, err)
 		}
-		r.closer = c
-		where = "rdma_cm " + r.cfg.Listen
+		r.closer = l
+		where = "rdma_cm " + l.Addr().String()
 	}
 	r.where.Store(&where)
 	r.log.Info("remote access on", "transport", where, "allow_from", r.cfg.AllowFrom,
