@@ -280,31 +280,48 @@ type QP struct {
 	wrID uint64
 }
 
+// lockPD checks that p is a live PD of this package on the very context
+// of id (librdmacm's: see Open) and returns it with its device and itself
+// read-locked, so neither goes away while a QP is created in it; unlock
+// releases both. EXDEV when the PD is on another context, for instance a
+// device opened without the rdma_ucm module.
+func (id CMID) lockPD(p verbs.PD) (pp *pd, unlock func(), err error) {
+	pp, ok := p.(*pd)
+	if !ok {
+		return nil, nil, fmt.Errorf("create_qp: the PD is not of the rdma backend: %w", syscall.EINVAL)
+	}
+	d := pp.dev
+	d.mu.RLock()
+	if d.closed {
+		d.mu.RUnlock()
+		return nil, nil, fmt.Errorf("create_qp in pd %d on %s: device closed: %w", pp.handle, d.name, syscall.ENODEV)
+	}
+	pp.mu.RLock()
+	unlock = func() { pp.mu.RUnlock(); d.mu.RUnlock() }
+	if pp.dead {
+		unlock()
+		return nil, nil, fmt.Errorf("create_qp in pd %d on %s: the protection domain was deallocated: %w", pp.handle, d.name, syscall.EINVAL)
+	}
+	if id.c.context().p != d.ctx.p {
+		unlock()
+		return nil, nil, fmt.Errorf("create_qp in pd %d on %s: the connection is on %q through another device context (rdma_cm needs the PD in its own; was the device opened without rdma_ucm loaded?): %w",
+			pp.handle, d.name, id.DeviceName(), syscall.EXDEV)
+	}
+	return pp, unlock, nil
+}
+
 // CreateQP creates an RC QP for id in p (rdma_create_qp), able to hold
 // depth outstanding send work requests. p must be a PD of this package
 // on the very context of the id (librdmacm's: see Open); EXDEV when it is
 // on another context, for instance a device opened without the rdma_cm
 // module.
 func (id CMID) CreateQP(p verbs.PD, depth int) (*QP, error) {
-	pp, ok := p.(*pd)
-	if !ok {
-		return nil, fmt.Errorf("create_qp: the PD is not of the rdma backend: %w", syscall.EINVAL)
+	pp, unlock, err := id.lockPD(p)
+	if err != nil {
+		return nil, err
 	}
+	defer unlock()
 	d := pp.dev
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.closed {
-		return nil, fmt.Errorf("create_qp in pd %d on %s: device closed: %w", pp.handle, d.name, syscall.ENODEV)
-	}
-	pp.mu.RLock()
-	defer pp.mu.RUnlock()
-	if pp.dead {
-		return nil, fmt.Errorf("create_qp in pd %d on %s: the protection domain was deallocated: %w", pp.handle, d.name, syscall.EINVAL)
-	}
-	if id.c.context().p != d.ctx.p {
-		return nil, fmt.Errorf("create_qp in pd %d on %s: the connection is on %q through another device context (rdma_cm needs the PD in its own; was the device opened without rdma_ucm loaded?): %w",
-			pp.handle, d.name, id.DeviceName(), syscall.EXDEV)
-	}
 	cq, err := d.ctx.createCQ(depth + 1)
 	if err != nil {
 		return nil, fmt.Errorf("create_cq on %s: %w", d.name, err)
@@ -332,25 +349,12 @@ func (id CMID) CreateQP(p verbs.PD, depth int) (*QP, error) {
 // and accepting by QP number leaves the decision to the regions' flags;
 // Disconnect and Destroy handle such a QP too.
 func (id CMID) AcceptQP(p verbs.PD, depth int, responderResources uint8) (*QP, error) {
-	pp, ok := p.(*pd)
-	if !ok {
-		return nil, fmt.Errorf("create_qp: the PD is not of the rdma backend: %w", syscall.EINVAL)
+	pp, unlock, err := id.lockPD(p)
+	if err != nil {
+		return nil, err
 	}
+	defer unlock()
 	d := pp.dev
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.closed {
-		return nil, fmt.Errorf("create_qp in pd %d on %s: device closed: %w", pp.handle, d.name, syscall.ENODEV)
-	}
-	pp.mu.RLock()
-	defer pp.mu.RUnlock()
-	if pp.dead {
-		return nil, fmt.Errorf("create_qp in pd %d on %s: the protection domain was deallocated: %w", pp.handle, d.name, syscall.EINVAL)
-	}
-	if id.c.context().p != d.ctx.p {
-		return nil, fmt.Errorf("create_qp in pd %d on %s: the connection is on %q through another device context: %w",
-			pp.handle, d.name, id.DeviceName(), syscall.EXDEV)
-	}
 	cq, err := d.ctx.createCQ(depth + 1)
 	if err != nil {
 		return nil, fmt.Errorf("create_cq on %s: %w", d.name, err)
