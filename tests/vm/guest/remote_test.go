@@ -5,12 +5,10 @@ package guest
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,11 +20,14 @@ import (
 )
 
 // listenAddr is where the daemon's rdma_cm listener binds: eth0's
-// address, the one rxe0 carries.
-const listenAddr = "10.0.2.15:7471"
+// address, the one rxe0 carries, and port 0: the test finds the port in
+// user.mrfs.remote, as a script would.
+const listenAddr = "10.0.2.15:0"
 
-// The peer is this test binary run again as another process (TestMain):
-// MRFS_PEER_OP says what to do, the rest of MRFS_PEER_* where.
+// The peer that holds a connection is this test binary run again as
+// another process (TestMain): MRFS_PEER_OP=hold, MRFS_PEER_ADDR and
+// MRFS_PEER_DIR where. The one-shot peers are the rdma build's own
+// `mrfs remote` (cliPeer).
 func TestMain(m *testing.M) {
 	if op := os.Getenv("MRFS_PEER_OP"); op != "" {
 		os.Exit(peerMain(op))
@@ -34,14 +35,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// peerMain connects to the daemon over rdma_cm and performs one
-// operation, printing "peer: ..." lines; exit 0 on success, 3 when the
-// completion carried an error status, 1 on other errors.
+// peerMain connects to the daemon over rdma_cm and waits for mrfs to
+// disconnect it, printing "peer: ..." lines; exit 0 when it was.
 func peerMain(op string) int {
 	env := func(k string) string { return os.Getenv("MRFS_PEER_" + k) }
-	num := func(k string) uint64 {
-		n, _ := strconv.ParseUint(env(k), 0, 64)
-		return n
+	if op != "hold" {
+		fmt.Printf("peer: unknown operation %q\n", op)
+		return 1
 	}
 	c, err := rdmacm.Dial(env("ADDR"), env("DIR"), rdmacm.DialOptions{Timeout: 20 * time.Second})
 	if err != nil {
@@ -49,77 +49,50 @@ func peerMain(op string) int {
 		return 1
 	}
 	defer c.Close()
-	addr, rkey := num("IOVA"), uint32(num("RKEY"))
-	switch op {
-	case "write":
-		err = c.Write(addr, rkey, []byte(env("DATA")))
-		if err == nil {
-			fmt.Printf("peer: RDMA WRITE of %d bytes to 0x%x rkey 0x%x: IBV_WC_SUCCESS\n", len(env("DATA")), addr, rkey)
-		}
-	case "read":
-		var b []byte
-		b, err = c.Read(addr, rkey, int(num("LEN")))
-		if err == nil {
-			fmt.Printf("peer: RDMA READ of %d bytes from 0x%x: IBV_WC_SUCCESS: %q\n", len(b), addr, b)
-		}
-	case "fadd":
-		var old uint64
-		old, err = c.FetchAdd(addr, rkey, num("ARG"))
-		if err == nil {
-			fmt.Printf("peer: FETCH_AND_ADD old %d\n", old)
-		}
-	case "cas":
-		var old uint64
-		old, err = c.CompareSwap(addr, rkey, num("ARG"), num("SWAP"))
-		if err == nil {
-			fmt.Printf("peer: CMP_AND_SWP old %d\n", old)
-		}
-	case "hold":
-		fmt.Println("peer: connected")
-		err = c.WaitDisconnect(30 * time.Second)
-		if err == nil {
-			fmt.Println("peer: DISCONNECTED by mrfs")
-		}
-	}
-	var wce *rdmacm.WCError
-	if errors.As(err, &wce) {
-		fmt.Printf("peer: %v\n", err)
-		return 3
-	}
-	if err != nil {
+	fmt.Println("peer: connected")
+	if err := c.WaitDisconnect(30 * time.Second); err != nil {
 		fmt.Printf("peer: %s: %v\n", op, err)
 		return 1
 	}
+	fmt.Println("peer: DISCONNECTED by mrfs")
 	return 0
 }
 
-// peerCmd prepares a peer process.
-func peerCmd(op, dir string, kv ...string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "MRFS_PEER_OP="+op, "MRFS_PEER_ADDR="+listenAddr, "MRFS_PEER_DIR="+dir)
-	for i := 0; i+1 < len(kv); i += 2 {
-		cmd.Env = append(cmd.Env, "MRFS_PEER_"+kv[i]+"="+kv[i+1])
-	}
-	return cmd
-}
-
-// runPeer runs a peer to the end and returns its exit code and output.
-func runPeer(t *testing.T, op, dir string, kv ...string) (int, string) {
+// cliPeer runs script with /bin/sh (busybox) in its own process: the
+// issue's form of a peer, `mrfs remote ... --peer $PEER --addr $(getfattr
+// ...)`, with the rdma build's mrfs as $MRFS, the daemon's address as
+// $PEER (taken from user.mrfs.remote of the mount root $MNT) and kv as
+// more variables. It returns the exit code and the output.
+func cliPeer(t *testing.T, d *remoteDaemon, script string, kv ...string) (int, string) {
 	t.Helper()
-	out, err := peerCmd(op, dir, kv...).CombinedOutput()
+	cmd := exec.Command("/bin/sh", "-c", `set -- $(getfattr --absolute-names --only-values -n user.mrfs.remote "$MNT"); PEER=$2
+`+script)
+	cmd.Env = append(os.Environ(), "MRFS="+mrfsBin(), "MNT="+d.dir)
+	for i := 0; i+1 < len(kv); i += 2 {
+		cmd.Env = append(cmd.Env, kv[i]+"="+kv[i+1])
+	}
+	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		t.Fatalf("run peer %s: %v", op, err)
+		t.Fatalf("run %q: %v", script, err)
 	}
 	s := strings.TrimSpace(string(out))
-	t.Logf("peer %s %s (exit %d): %s", op, strings.Join(kv, " "), code, s)
+	t.Logf("cli peer %s [%s] (exit %d): %s", strings.TrimSpace(script), strings.Join(kv, " "), code, s)
 	return code, s
 }
 
-// remoteMount mounts mrfs with the rdma_cm listener on rxe0's address.
-func remoteMount(t testing.TB) *daemon {
+// remoteDaemon is a mount with the rdma_cm listener, and the address it
+// is bound to.
+type remoteDaemon struct {
+	*daemon
+	peer string // 10.0.2.15:PORT, from user.mrfs.remote
+}
+
+// remoteMount mounts mrfs with the rdma_cm listener on rxe0's address
+// and port 0, and reads the port it got from user.mrfs.remote.
+func remoteMount(t testing.TB) *remoteDaemon {
 	t.Helper()
 	d := mountConf(t, "[remote]\nlisten = \""+listenAddr+"\"\nallow_from = [\"10.0.2.0/24\"]\n")
 	deadline := time.Now().Add(20 * time.Second)
@@ -129,7 +102,21 @@ func remoteMount(t testing.TB) *daemon {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return d
+	// The xattr is set once the listener is bound: "rdma_cm HOST:PORT /".
+	var where string
+	for {
+		where = getxattr(t, d.dir, "user.mrfs.remote")
+		if where != "off" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	f := strings.SplitN(where, " ", 3)
+	if len(f) != 3 || f[0] != "rdma_cm" || f[2] != "/" || !strings.HasPrefix(f[1], "10.0.2.15:") || strings.HasSuffix(f[1], ":0") {
+		t.Fatalf("user.mrfs.remote of the root is %q, want \"rdma_cm 10.0.2.15:PORT /\" with the bound port", where)
+	}
+	t.Logf("user.mrfs.remote: %q", where)
+	return &remoteDaemon{daemon: d, peer: f[1]}
 }
 
 // buffer makes a file of size with access and returns its iova and rkey.
@@ -140,14 +127,6 @@ func buffer(t testing.TB, path string, size int64, access string) (iova, rkey st
 		t.Fatalf("setxattr user.mrfs.access %s on %s: %v", access, path, err)
 	}
 	return getxattr(t, path, "user.mrfs.addr"), getxattr(t, path, "user.mrfs.rkey")
-}
-
-func addOffset(t testing.TB, iova string, off uint64) string {
-	n, err := strconv.ParseUint(iova, 0, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("%#x", n+off)
 }
 
 // qpIDs are the QPs the kernel lists on rxe0 (`rdma resource show qp`),
@@ -174,12 +153,20 @@ func qpIDs(t testing.TB) map[uint64]resEntry {
 	return m
 }
 
+// The issue's script form of a peer: the rdma build's `mrfs remote`,
+// rdma_cm by default, with the keys read from the xattrs of $F.
+const (
+	cliKeys  = `addr=$(getfattr --absolute-names --only-values -n user.mrfs.addr "$F"); rkey=$(getfattr --absolute-names --only-values -n user.mrfs.rkey "$F")` + "\n"
+	cliWrite = cliKeys + `"$MRFS" remote write --peer "$PEER" --pd "$PD" --addr $((addr + ${OFF:-0})) --rkey "$rkey" < "$DATA"`
+)
+
 // TestRemoteRDMA is the issue's scenario over rdma_cm on rxe0, with peers
-// in their own processes: an RDMA WRITE lands in an mrfs buffer and is
-// read back through the file; READ and atomics; a WRITE without
-// remote_write completes with IBV_WC_REM_ACCESS_ERR; after rm the old
-// rkey fails; an unknown directory is refused; rmdir with a connected
-// peer disconnects it; unmount with a connected peer is clean.
+// in their own processes (`mrfs remote` of the rdma build): an RDMA WRITE
+// lands in an mrfs buffer and is read back through the file; READ and
+// atomics; a WRITE without remote_write completes with
+// IBV_WC_REM_ACCESS_ERR; after rm the old rkey fails; an unknown
+// directory is refused; rmdir with a connected peer disconnects it;
+// unmount with a connected peer is clean.
 func TestRemoteRDMA(t *testing.T) {
 	requireGuest(t)
 	mrsBefore, pdsBefore, qpsBefore := ids(t, "mr"), ids(t, "pd"), qpIDs(t)
@@ -190,9 +177,13 @@ func TestRemoteRDMA(t *testing.T) {
 	iova, rkey := buffer(t, f, 64<<10, "local_write,remote_write,remote_read,remote_atomic")
 	t.Logf("rx: addr %s rkey %s", iova, rkey)
 
-	msg := "written by an rdma_cm peer over rxe0"
-	if code, out := runPeer(t, "write", "/", "IOVA", addOffset(t, iova, 4096), "RKEY", rkey, "DATA", msg); code != 0 {
-		t.Fatalf("RDMA WRITE failed: %s", out)
+	msg := "written by mrfs remote over rdma_cm on rxe0"
+	data := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(data, []byte(msg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := cliPeer(t, d, cliWrite, "F", f, "PD", "/", "OFF", "4096", "DATA", data); code != 0 || out != "" {
+		t.Fatalf("mrfs remote write: exit %d: %s", code, out)
 	}
 	got, err := os.ReadFile(f) // zero_copy off: read(2) through the daemon, from the memfd
 	if err != nil {
@@ -201,20 +192,19 @@ func TestRemoteRDMA(t *testing.T) {
 	if !bytes.Equal(got[4096:4096+len(msg)], []byte(msg)) || !bytes.Equal(got[:4096], make([]byte, 4096)) {
 		t.Fatalf("the file does not hold what the peer wrote: %q", got[4096:4096+len(msg)])
 	}
-	t.Logf("read back through the mrfs file at offset 4096: %q", got[4096:4096+len(msg)])
+	t.Logf("mrfs remote write over rdma_cm landed: read back through the mrfs file at offset 4096: %q", got[4096:4096+len(msg)])
 
 	// The other way: what is written through the file, the peer READs.
 	writeAt(t, f, []byte("through the file"))
-	if code, out := runPeer(t, "read", "/", "IOVA", iova, "RKEY", rkey, "LEN", "16"); code != 0 || !strings.Contains(out, `"through the file"`) {
-		t.Errorf("RDMA READ: exit %d, %s", code, out)
+	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --length 16`, "F", f); code != 0 || out != "through the file" {
+		t.Errorf("mrfs remote read: exit %d, %q", code, out)
 	}
-	// Atomics on the first 8 bytes (the host's order).
+	// Atomics on the first 8 bytes (the host's order); old values in hex.
 	writeAt(t, f, make([]byte, 8))
-	if code, out := runPeer(t, "fadd", "/", "IOVA", iova, "RKEY", rkey, "ARG", "5"); code != 0 || !strings.Contains(out, "old 0") {
-		t.Errorf("FETCH_AND_ADD: exit %d, %s", code, out)
-	}
-	if code, out := runPeer(t, "cas", "/", "IOVA", iova, "RKEY", rkey, "ARG", "5", "SWAP", "42"); code != 0 || !strings.Contains(out, "old 5") {
-		t.Errorf("CMP_AND_SWP: exit %d, %s", code, out)
+	atomics := cliKeys + `for a in 5 0x10; do "$MRFS" remote fadd --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --add $a || exit; done
+"$MRFS" remote cas --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --compare 21 --swap 0x2a`
+	if code, out := cliPeer(t, d, atomics, "F", f); code != 0 || out != "0x0\n0x5\n0x15" {
+		t.Errorf("mrfs remote fadd, fadd, cas: exit %d, %q; want 0x0 0x5 0x15", code, out)
 	}
 	if got, _ := os.ReadFile(f); len(got) < 8 || got[0] != 42 {
 		t.Errorf("after the atomics the file starts with %v, want 42", got[:8])
@@ -222,25 +212,28 @@ func TestRemoteRDMA(t *testing.T) {
 
 	// The NIC checks the region's access: no remote_write, no WRITE.
 	ro := filepath.Join(d.dir, "ro")
-	roIOVA, roKey := buffer(t, ro, 4096, "local_write,remote_read")
-	if code, out := runPeer(t, "write", "/", "IOVA", roIOVA, "RKEY", roKey, "DATA", "x"); code != 3 || !strings.Contains(out, "IBV_WC_REM_ACCESS_ERR") {
-		t.Errorf("WRITE without remote_write: exit %d, %s; want IBV_WC_REM_ACCESS_ERR", code, out)
+	buffer(t, ro, 4096, "local_write,remote_read")
+	accessErr := func(what string, code int, out string) {
+		t.Helper()
+		if code != 1 || !strings.HasPrefix(out, "mrfs: IBV_WC_REM_ACCESS_ERR: ") {
+			t.Errorf("%s: exit %d, %s; want exit 1 and IBV_WC_REM_ACCESS_ERR", what, code, out)
+		}
 	}
+	code, out := cliPeer(t, d, cliWrite, "F", ro, "PD", "/", "DATA", data)
+	accessErr("mrfs remote write without remote_write", code, out)
 	// Out of range: past the end of the region.
-	if code, out := runPeer(t, "write", "/", "IOVA", addOffset(t, roIOVA, 4096), "RKEY", roKey, "DATA", "x"); code != 3 || !strings.Contains(out, "IBV_WC_REM_ACCESS_ERR") {
-		t.Errorf("WRITE past the end: exit %d, %s; want IBV_WC_REM_ACCESS_ERR", code, out)
-	}
+	code, out = cliPeer(t, d, cliWrite, "F", ro, "PD", "/", "OFF", "4096", "DATA", data)
+	accessErr("mrfs remote write past the end", code, out)
 
 	// After rm, the old rkey is dead.
 	if err := os.Remove(f); err != nil {
 		t.Fatal(err)
 	}
-	if code, out := runPeer(t, "write", "/", "IOVA", iova, "RKEY", rkey, "DATA", "late"); code != 3 || !strings.Contains(out, "IBV_WC_REM_ACCESS_ERR") {
-		t.Errorf("WRITE with the rkey of a removed file: exit %d, %s; want IBV_WC_REM_ACCESS_ERR", code, out)
-	}
+	code, out = cliPeer(t, d, `"$MRFS" remote write --peer "$PEER" --pd / --addr $IOVA --rkey $RKEY < "$DATA"`, "IOVA", iova, "RKEY", rkey, "DATA", data)
+	accessErr("mrfs remote write with the rkey of a removed file", code, out)
 
 	// A directory that does not exist is refused with its errno.
-	if code, out := runPeer(t, "write", "nosuchdir", "IOVA", roIOVA, "RKEY", roKey, "DATA", "x"); code != 1 || !strings.Contains(out, syscall.ENOENT.Error()) {
+	if code, out := cliPeer(t, d, cliWrite, "F", ro, "PD", "nosuchdir", "DATA", data); code != 1 || !strings.Contains(out, syscall.ENOENT.Error()) {
 		t.Errorf("connect to an unknown directory: exit %d, %s; want ENOENT", code, out)
 	}
 
@@ -249,13 +242,17 @@ func TestRemoteRDMA(t *testing.T) {
 	if err := os.Mkdir(tenant, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if code, out := runPeer(t, "read", "tenant", "IOVA", roIOVA, "RKEY", roKey, "LEN", "8"); code != 3 || !strings.Contains(out, "IBV_WC_REM_ACCESS_ERR") {
-		t.Errorf("READ of a root buffer from tenant's QP: exit %d, %s; want IBV_WC_REM_ACCESS_ERR", code, out)
+	code, out = cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd tenant --addr "$addr" --rkey "$rkey" --length 8`, "F", ro)
+	accessErr("mrfs remote read of a root buffer from tenant's QP", code, out)
+	// And the soft protocol's client is still in the rdma build, on
+	// request: this daemon serves rdma_cm only, so nothing answers it.
+	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --transport tcp --timeout 3s --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --length 8`, "F", ro); code != 1 || !strings.Contains(out, "over tcp") {
+		t.Errorf("mrfs remote --transport tcp against an rdma_cm daemon: exit %d, %s; want a failure over tcp", code, out)
 	}
 
 	// rmdir with a connected peer: mrfs disconnects it and destroys the QP
 	// before the PD.
-	hold := holdPeer(t, "tenant")
+	hold := holdPeer(t, d, "tenant")
 	if err := os.Remove(tenant); err != nil {
 		t.Fatalf("rmdir of a directory with a connected peer: %v", err)
 	}
@@ -267,7 +264,7 @@ func TestRemoteRDMA(t *testing.T) {
 	}
 
 	// Unmount with a connected peer.
-	hold = holdPeer(t, "/")
+	hold = holdPeer(t, d, "/")
 	if err := d.stop(t); err != nil {
 		t.Errorf("mrfs exited with %v after SIGINT, want 0", err)
 	}
@@ -311,9 +308,11 @@ type heldPeer struct {
 
 // holdPeer starts a peer that connects to dir and waits for mrfs to
 // disconnect it; it returns once the peer is connected.
-func holdPeer(t *testing.T, dir string) *heldPeer {
+func holdPeer(t *testing.T, d *remoteDaemon, dir string) *heldPeer {
 	t.Helper()
-	p := &heldPeer{cmd: peerCmd("hold", dir), out: new(syncBuffer), done: make(chan error, 1)}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "MRFS_PEER_OP=hold", "MRFS_PEER_ADDR="+d.peer, "MRFS_PEER_DIR="+dir)
+	p := &heldPeer{cmd: cmd, out: new(syncBuffer), done: make(chan error, 1)}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
