@@ -78,6 +78,15 @@ func (m *Manager) Create(d *Domain, size uint64) (*Buffer, error) {
 	fd, err := unix.MemfdCreate(fmt.Sprintf("mrfs:%d", id), unix.MFD_CLOEXEC)
 	if err != nil {
 		b.abandonLocked()
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			// Each buffer holds a memfd: the daemon's descriptor limit
+			// is a buffer limit the user must be told about.
+			var rl unix.Rlimit
+			unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+			m.mu.Lock()
+			m.warn(limitNoFile, fmt.Sprintf("cannot create buffer: out of file descriptors (RLIMIT_NOFILE is %d; each buffer holds one); raise it with `ulimit -n` or lower buffers.max_buffers", rl.Cur), "value", rl.Cur)
+			m.mu.Unlock()
+		}
 		return nil, fmt.Errorf("create buffer: memfd_create: %w", err)
 	}
 	b.fd = fd

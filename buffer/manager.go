@@ -166,6 +166,7 @@ const (
 	limitMaxPinned  limitKind = "max_pinned"
 	limitMemlock    limitKind = "RLIMIT_MEMLOCK"
 	limitMaxMR      limitKind = "max_mr"
+	limitNoFile     limitKind = "RLIMIT_NOFILE"
 )
 
 // limitError is a refusal because of a limit: the errno, and a short
