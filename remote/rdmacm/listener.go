@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -181,6 +182,7 @@ func (l *Listener) handle(ev ibv.Event) {
 	case ibv.EventEstablished:
 		if c := l.lookup(ev.ID); c != nil {
 			l.log.Info("rdma_cm connection established", "peer", c.peer.String(), "dir", c.dir, "pd", c.pd, "qp", c.qpNum)
+			c.establishedOnce.Do(func() { close(c.established) })
 		}
 	case ibv.EventDisconnected:
 		if c := l.lookup(ev.ID); c != nil {
@@ -247,7 +249,7 @@ func (l *Listener) accept(ev ibv.Event) {
 		reject(syscall.EPROTO, err.Error())
 		return
 	}
-	c := &conn{l: l, id: id, dir: dir, peer: peer}
+	c := &conn{l: l, id: id, dir: dir, peer: peer, established: make(chan struct{})}
 	l.mu.Lock()
 	switch {
 	case l.closed:
@@ -322,13 +324,16 @@ func (l *Listener) Close() error {
 	}
 	l.closed = true
 	l.mu.Unlock()
-	unix.Write(l.wake[1], []byte{0})
-	<-l.done
+	// Connections go while the event loop still runs: one accepted but
+	// not yet established needs its ESTABLISHED event before a
+	// disconnect can reach the peer (see conn.Close).
 	n := 0
 	for _, c := range l.snapshot() {
-		c.close("mrfs is shutting down")
+		c.closeFromOutside("mrfs is shutting down")
 		n++
 	}
+	unix.Write(l.wake[1], []byte{0})
+	<-l.done
 	var errs []error
 	if err := l.id.Destroy(); err != nil {
 		errs = append(errs, err)
@@ -352,6 +357,10 @@ type conn struct {
 	pd    uint32
 	qpNum uint32
 
+	// established is closed at the ESTABLISHED event (once).
+	established     chan struct{}
+	establishedOnce sync.Once
+
 	// guards: qp, detach and closed. Held across the teardown's
 	// librdmacm calls, so that a close (from rmdir, unmount or the
 	// peer's disconnect) and the accept never interleave.
@@ -361,10 +370,28 @@ type conn struct {
 	closed bool
 }
 
+// establishWait bounds how long a close from outside waits for a
+// connection still being established.
+const establishWait = 2 * time.Second
+
 // Close is the Domain's: the directory is being removed or mrfs stops.
 func (c *conn) Close() error {
-	c.close("the directory's PD is being deallocated")
+	c.closeFromOutside("the directory's PD is being deallocated")
 	return nil
+}
+
+// closeFromOutside closes a connection for a reason of mrfs's own (not
+// the event loop's). A connection accepted but not yet established would
+// be destroyed without the peer hearing of it: the peer, already
+// established on its side, would wait forever for a DISCONNECTED. So it
+// first waits, briefly, for ESTABLISHED; never call it from the event
+// loop, which delivers that event.
+func (c *conn) closeFromOutside(reason string) {
+	select {
+	case <-c.established:
+	case <-time.After(establishWait):
+	}
+	c.close(reason)
 }
 
 func (c *conn) close(reason string) {
