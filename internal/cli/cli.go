@@ -27,6 +27,7 @@ const usage = `usage:
   mrfs devices [--config FILE] [--backend auto|rdma|soft]
   mrfs remote read|write|cas|fadd --peer HOST:PORT --pd DIR --addr 0x.. --rkey 0x..
               [--length N] [--compare X --swap Y] [--add N] [--timeout 10s]
+              [--transport tcp|rdma_cm]
   mrfs version
 `
 

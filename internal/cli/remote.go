@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
+	"syscall"
 
 	"mrfs/buffer"
 	"mrfs/internal/config"
@@ -41,6 +42,18 @@ type remoteAccess struct {
 	ln      net.Listener // soft: bound by bindRemote
 	where   atomic.Pointer[string]
 	closer  io.Closer
+	// resolver is the mount's directory lookup, set by start: the
+	// rdma_cm listener is bound, and so may hear a peer, before it.
+	resolver atomic.Pointer[func(dir string) (*buffer.Domain, error)]
+}
+
+// resolve is the rdma_cm listener's lookup: refused until mounted.
+func (r *remoteAccess) resolve(dir string) (*buffer.Domain, error) {
+	f := r.resolver.Load()
+	if f == nil {
+		return nil, fmt.Errorf("mrfs is still mounting: %w", syscall.EAGAIN)
+	}
+	return (*f)(dir)
 }
 
 // bindRemote prepares [remote] for backend; nil when remote.listen is off.
@@ -64,6 +77,13 @@ func bindRemote(cfg config.Remote, backend string, log *slog.Logger) (*remoteAcc
 		if rdmaRemote == nil {
 			return nil, errNoRDMARemote
 		}
+		l, err := rdmaRemote(cfg, r.resolve, log)
+		if err != nil {
+			return nil, fmt.Errorf("remote access over rdma_cm on %s: %w", cfg.Listen, err)
+		}
+		r.closer = l
+		where := "rdma_cm " + l.Addr().String()
+		r.where.Store(&where)
 	default:
 		return nil, fmt.Errorf("remote access: unknown backend %q", backend)
 	}
@@ -87,7 +107,6 @@ func (r *remoteAccess) start(resolve func(dir string) (*buffer.Domain, error)) e
 	if r == nil {
 		return nil
 	}
-	var where string
 	switch r.backend {
 	case config.BackendSoft:
 		s := server.New(r.ln, server.Options{
@@ -99,17 +118,10 @@ func (r *remoteAccess) start(resolve func(dir string) (*buffer.Domain, error)) e
 		})
 		s.Start(resolve)
 		r.closer = s
-		where = "tcp " + r.ln.Addr().String()
 	default:
-		l, err := rdmaRemote(r.cfg, resolve, r.log)
-		if err != nil {
-			return fmt.Errorf("remote access over rdma_cm on %s: %w", r.cfg.Listen, err)
-		}
-		r.closer = l
-		where = "rdma_cm " + l.Addr().String()
+		r.resolver.Store(&resolve)
 	}
-	r.where.Store(&where)
-	r.log.Info("remote access on", "transport", where, "allow_from", r.cfg.AllowFrom,
+	r.log.Info("remote access on", "transport", r.Where(), "allow_from", r.cfg.AllowFrom,
 		"max_connections", r.cfg.MaxConnections, "max_message_size", r.cfg.MaxMessageSize.String())
 	return nil
 }

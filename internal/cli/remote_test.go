@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 
 	"mrfs/buffer"
@@ -27,14 +28,19 @@ func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 	t.Cleanup(func() { rdmaRemote = saved })
 	l := &fakeListener{addr: netip.MustParseAddrPort("10.0.2.15:40123")}
 	var listened string
-	rdmaRemote = func(cfg config.Remote, _ func(string) (*buffer.Domain, error), _ *slog.Logger) (rdmaListener, error) {
-		listened = cfg.Listen
+	var resolve func(string) (*buffer.Domain, error)
+	rdmaRemote = func(cfg config.Remote, res func(string) (*buffer.Domain, error), _ *slog.Logger) (rdmaListener, error) {
+		listened, resolve = cfg.Listen, res
 		return l, nil
 	}
 	log := slog.New(slog.DiscardHandler)
 	r, err := bindRemote(config.Remote{Listen: "10.0.2.15:0"}, config.BackendRDMA, log)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Bound before the mount: a peer arriving now is refused, not lost.
+	if _, err := resolve("/"); !errors.Is(err, syscall.EAGAIN) {
+		t.Errorf("resolve before the mount: %v, want EAGAIN", err)
 	}
 	if err := r.start(func(string) (*buffer.Domain, error) { return nil, errors.New("none") }); err != nil {
 		t.Fatal(err)
@@ -49,16 +55,13 @@ func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 		t.Errorf("Close: %v, listener closed %v, Where %q", err, l.closed, r.Where())
 	}
 
-	// A listener that fails leaves the xattr off and names the address.
+	// A listener that cannot bind fails the mount before it mounts, and
+	// the error names the address.
 	rdmaRemote = func(config.Remote, func(string) (*buffer.Domain, error), *slog.Logger) (rdmaListener, error) {
 		return nil, io.ErrUnexpectedEOF
 	}
-	r, err = bindRemote(config.Remote{Listen: "10.0.2.15:7471"}, config.BackendRDMA, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.start(nil); err == nil || !strings.Contains(err.Error(), "10.0.2.15:7471") || r.Where() != "" {
-		t.Errorf("start with a failing listener: %v, Where %q", err, r.Where())
+	if _, err := bindRemote(config.Remote{Listen: "10.0.2.15:7471"}, config.BackendRDMA, log); err == nil || !strings.Contains(err.Error(), "10.0.2.15:7471") {
+		t.Errorf("bind with a failing listener: %v", err)
 	}
 }
 
