@@ -317,6 +317,17 @@ func (r *Reader) NextStarted(started func()) (Frame, error) {
 	return r.next(started)
 }
 
+// Scratch returns n bytes of the Reader's body buffer, grown if needed:
+// valid until the next frame is read, which reuses it. A responder that
+// answers each frame before reading the next can build its reply there
+// and hold one buffer per connection.
+func (r *Reader) Scratch(n int) []byte {
+	if cap(r.buf) < n {
+		r.buf = make([]byte, n)
+	}
+	return r.buf[:n]
+}
+
 func (r *Reader) next(started func()) (Frame, error) {
 	if _, err := io.ReadFull(r.r, r.hdr[:1]); err != nil {
 		return Frame{}, err

@@ -50,6 +50,35 @@ type Server struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+
+	// guards: logged.
+	logMu  sync.Mutex
+	logged map[string]time.Time // when a peer-caused event was last logged at Info
+}
+
+// peerLogEvery bounds how often an event a peer can cause at will (a
+// refusal, a failed hello, a protocol error) is logged at Info; the rest
+// go to Debug, so a flood of sockets cannot flood the log.
+const peerLogEvery = time.Minute
+
+// logPeer logs a peer-caused event under its kind, rate-limited.
+func (s *Server) logPeer(log *slog.Logger, kind, msg string, args ...any) {
+	now := time.Now()
+	s.logMu.Lock()
+	last, seen := s.logged[kind]
+	info := !seen || now.Sub(last) >= peerLogEvery
+	if info {
+		if s.logged == nil {
+			s.logged = map[string]time.Time{}
+		}
+		s.logged[kind] = now
+	}
+	s.logMu.Unlock()
+	if info {
+		log.Info(msg, args...)
+	} else {
+		log.Debug(msg, args...)
+	}
 }
 
 // New serves on ln once Start is called. Binding first and serving later
@@ -115,7 +144,7 @@ func (s *Server) accept(resolve remote.Resolver) {
 func (s *Server) admit(c net.Conn, resolve remote.Resolver) {
 	peer := c.RemoteAddr().String()
 	if !s.allowed(c.RemoteAddr()) {
-		s.opt.Log.Info("remote: peer not in allow_from; closed", "peer", peer)
+		s.logPeer(s.opt.Log, "allow_from", "remote: peer not in allow_from; closed", "peer", peer)
 		c.Close()
 		return
 	}
@@ -127,7 +156,7 @@ func (s *Server) admit(c net.Conn, resolve remote.Resolver) {
 	}
 	if len(s.conns) >= s.opt.MaxConns {
 		s.mu.Unlock()
-		s.opt.Log.Info("remote: max_connections reached; peer refused", "peer", peer, "max_connections", s.opt.MaxConns)
+		s.logPeer(s.opt.Log, "max_connections", "remote: max_connections reached; peer refused", "peer", peer, "max_connections", s.opt.MaxConns)
 		// A fresh socket's send buffer takes this without blocking; the
 		// deadline only bounds the unexpected.
 		c.SetWriteDeadline(time.Now().Add(s.opt.Timeout))
@@ -181,7 +210,6 @@ type conn struct {
 	resp verbs.Responder
 	log  *slog.Logger
 	out  []byte // reply frames, reused
-	data []byte // READ results, reused; at most MaxMessage
 	// failed: an operation completed in error; the QP is in ERROR and
 	// flushes everything after (IB spec; verbs-semantics.md §5).
 	failed bool
@@ -192,7 +220,7 @@ func (s *Server) serve(c net.Conn, resolve remote.Resolver) {
 	k.r = proto.NewReader(bufio.NewReaderSize(c, 64<<10), s.opt.MaxMessage)
 	detach, err := k.hello(resolve)
 	if err != nil {
-		k.log.Info("remote: hello failed; connection closed", "err", err)
+		s.logPeer(k.log, "hello", "remote: hello failed; connection closed", "err", err)
 		return
 	}
 	defer detach()
@@ -203,7 +231,7 @@ func (s *Server) serve(c net.Conn, resolve remote.Resolver) {
 	case errors.Is(err, net.ErrClosed):
 		k.log.Debug("remote: connection closed by mrfs (rmdir, unmount)", "ops", ops)
 	default:
-		k.log.Info("remote: connection ended", "ops", ops, "err", err)
+		s.logPeer(k.log, "ended", "remote: connection ended", "ops", ops, "err", err)
 	}
 }
 
@@ -292,10 +320,10 @@ func (k *conn) execute(f proto.Frame) proto.Frame {
 			st = verbs.WCRemInvReqErr
 			break
 		}
-		if cap(k.data) < int(f.Length) {
-			k.data = make([]byte, f.Length)
-		}
-		c.Data = k.data[:f.Length]
+		// The reader's body buffer: this frame's is no longer needed, and
+		// the result is sent before the next frame is read. So a
+		// connection holds one buffer of at most MaxMessage.
+		c.Data = k.r.Scratch(int(f.Length))
 		st = k.resp.Read(c.Data, f.IOVA, f.RKey)
 	case proto.TypeWrite:
 		st = k.resp.Write(f.IOVA, f.RKey, f.Data)
