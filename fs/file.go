@@ -7,6 +7,7 @@ import (
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"mrfs/buffer"
 )
@@ -31,7 +32,28 @@ var (
 func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	n.sync()
 	n.fillAttr(&out.Attr)
+	n.fillOrphanSize(f, &out.Attr)
 	return 0
+}
+
+// orphanFd is, for a file already unlinked, the memfd duplicate that an
+// open passthrough handle f holds, else -1. The buffer is freed then (its
+// region deregistered, the daemon's own memfd closed), but the client
+// still has the memory: fstat and ftruncate through f act on it, as on
+// any unlinked file.
+func (n *bufferNode) orphanFd(f fusefs.FileHandle) int {
+	if h, ok := f.(*passthroughHandle); ok && n.buf.Fd() < 0 {
+		return h.fd
+	}
+	return -1
+}
+
+func (n *bufferNode) fillOrphanSize(f fusefs.FileHandle, out *fuse.Attr) {
+	var st unix.Stat_t
+	if fd := n.orphanFd(f); fd >= 0 && unix.Fstat(fd, &st) == nil {
+		out.Size = uint64(st.Size)
+		out.Blocks = (out.Size + 511) / 512
+	}
 }
 
 // sync learns the memfd's size. A failure to re-register (a limit hit by
@@ -78,7 +100,13 @@ func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
 
 func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if size, ok := in.GetSize(); ok {
-		if err := n.buf.Resize(size); err != nil {
+		var err error
+		if fd := n.orphanFd(f); fd >= 0 {
+			err = unix.Ftruncate(fd, int64(size)) // nothing registered any more
+		} else {
+			err = n.buf.Resize(size)
+		}
+		if err != nil {
 			return toErrno(n.fsys.log, "truncate", err)
 		}
 		n.touch(true)
@@ -87,6 +115,7 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 	n.meta.setattr(in)
 	n.mu.Unlock()
 	n.fillAttr(&out.Attr)
+	n.fillOrphanSize(f, &out.Attr)
 	return 0
 }
 

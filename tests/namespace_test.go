@@ -115,3 +115,41 @@ func TestRenameOverRacingStat(t *testing.T) {
 		t.Errorf("left in the mount: %v", names)
 	}
 }
+
+// TestUnlinkedOpenFile: a file unlinked while open is deregistered at
+// once, yet the opener keeps a working file: writes past EOF show in
+// fstat, ftruncate works, nlink is 0, as on any filesystem.
+func TestUnlinkedOpenFile(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	p := d.path("f")
+	fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Pwrite(fd, []byte("0123456789"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unlink(p); err != nil {
+		t.Fatal(err)
+	}
+	if s := readStats(t, d.mnt); s.Buffers != 0 || s.PinnedBytes != 0 {
+		t.Errorf("stats after unlink: %+v, want the buffer gone at once", s)
+	}
+	if _, err := unix.Pwrite(fd, []byte("x"), 100000); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != 100001 || st.Nlink != 0 {
+		t.Errorf("fstat after a write past EOF: %v, size %d nlink %d; want 100001, 0", err, st.Size, st.Nlink)
+	}
+	if err := unix.Ftruncate(fd, 5); err != nil {
+		t.Fatalf("ftruncate of the unlinked file: %v", err)
+	}
+	buf := make([]byte, 16)
+	n, _ := unix.Pread(fd, buf, 0)
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != 5 || string(buf[:n]) != "01234" {
+		t.Errorf("after ftruncate(5): size %d, data %q", st.Size, buf[:n])
+	}
+}
