@@ -48,7 +48,9 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		return nil, fmt.Errorf("allocate the root PD: %w", err)
 	}
 	fsys := &filesystem{Options: opt, mgr: opt.Manager, log: opt.Log}
-	root := newDirNode(fsys, dom, newMeta(nil, 0o755))
+	// The root belongs to whoever mounts (a non-root user's own mount).
+	owner := &fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}}
+	root := newDirNode(fsys, dom, newMeta(owner, 0o755))
 	root.root = true
 	options := &fusefs.Options{
 		// Attribute and entry timeouts stay unset (0): sizes change
