@@ -3,13 +3,12 @@ package fs
 import (
 	"context"
 	"math"
-	"os"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"mrfs/verbs"
 )
 
 const statfsBlock = 4096
@@ -20,7 +19,7 @@ func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno
 	st := d.fsys.mgr.Stats()
 	opt := d.fsys.mgr.Options()
 	total := opt.MaxPinned
-	if ml := memlockLimit(); ml != 0 && (total == 0 || ml < total) {
+	if ml := verbs.MemlockLimit(); ml != 0 && (total == 0 || ml < total) {
 		total = ml
 	}
 	if total == 0 {
@@ -49,29 +48,4 @@ func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno
 	}
 	out.NameLen = 255
 	return 0
-}
-
-// memlockLimit is the daemon's RLIMIT_MEMLOCK in bytes, 0 when it does not
-// apply (unlimited, or the daemon has CAP_IPC_LOCK).
-func memlockLimit() uint64 {
-	var rl unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) != nil || rl.Cur == unix.RLIM_INFINITY || hasIPCLock() {
-		return 0
-	}
-	return rl.Cur
-}
-
-// hasIPCLock reports whether CAP_IPC_LOCK is in the effective set.
-func hasIPCLock() bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<unix.CAP_IPC_LOCK) != 0
-		}
-	}
-	return false
 }

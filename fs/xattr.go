@@ -328,7 +328,7 @@ func (fsys *filesystem) statsJSON() []byte {
 			MaxBuffers: opt.MaxBuffers,
 			MaxPinned:  opt.MaxPinned,
 			MaxMR:      fsys.mgr.Device().Attr().MaxMR,
-			Memlock:    memlockLimit(),
+			Memlock:    verbs.MemlockLimit(),
 		},
 	})
 	if err != nil {

@@ -1,17 +1,16 @@
 package soft
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"mrfs/verbs"
 )
 
 // Pinning is process-wide, like the kernel's mm->pinned_vm and mlock
@@ -37,25 +36,6 @@ type pinning struct {
 
 func (p pinning) pages() uint64 { return p.end - p.first }
 
-// canLock reports whether the process has CAP_IPC_LOCK in its effective
-// set, read once from /proc/self/status: the kernel checks the same bit
-// (capable(CAP_IPC_LOCK)) to skip RLIMIT_MEMLOCK.
-var canLock = sync.OnceValue(func() bool {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<unix.CAP_IPC_LOCK) != 0
-		}
-	}
-	return false
-})
-
 // pin runs ib_umem_get's checks in the kernel's order and then locks the
 // pages with mlock. Errors wrap the kernel's errno.
 func pin(addr uintptr, length uint64) (pinning, error) {
@@ -67,7 +47,7 @@ func pin(addr uintptr, length uint64) (pinning, error) {
 	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil {
 		return pinning{}, fmt.Errorf("getrlimit RLIMIT_MEMLOCK: %w", err)
 	}
-	privileged := canLock()
+	privileged := verbs.CanLockMemory()
 	if lim.Cur == 0 && !privileged {
 		return pinning{}, fmt.Errorf("RLIMIT_MEMLOCK is 0 and the process lacks CAP_IPC_LOCK; raise it with `ulimit -l`: %w", syscall.EPERM)
 	}

@@ -459,7 +459,7 @@ func TestMemlockLimits(t *testing.T) {
 	args := []string{"-test.run=^TestMemlockLimits$", "-test.v", "-test.count=1"}
 	var cmd *exec.Cmd
 	switch {
-	case !canLock():
+	case !verbs.CanLockMemory():
 		cmd = exec.Command(os.Args[0], args...) // already unprivileged
 	case os.Geteuid() != 0:
 		t.Skip("not root: this process has CAP_IPC_LOCK but cannot start a child without it")
@@ -482,7 +482,7 @@ func TestMemlockLimits(t *testing.T) {
 }
 
 func memlockChild(t *testing.T) {
-	if canLock() {
+	if verbs.CanLockMemory() {
 		t.Fatal("the child still has CAP_IPC_LOCK")
 	}
 	var old unix.Rlimit
