@@ -235,44 +235,33 @@ func setxattrCheck(name string) syscall.Errno {
 	return syscall.EOPNOTSUPP
 }
 
-func parseAccessValue(data []byte) (verbs.Access, error) {
-	return verbs.ParseAccess(string(data))
+// setAccessXattr sets the one kind of settable attribute, an access list
+// (a file's access, a directory's default_access), through set. Any
+// other name is refused as setxattrCheck says.
+func setAccessXattr(fsys *filesystem, m *metaNode, attr, settable string, data []byte, flags uint32, set func(verbs.Access) error) syscall.Errno {
+	if attr != settable {
+		return setxattrCheck(attr)
+	}
+	if flags&xattrCreate != 0 {
+		return syscall.EEXIST
+	}
+	a, err := verbs.ParseAccess(string(data))
+	if err == nil {
+		err = set(a)
+	}
+	if err != nil {
+		return toErrno(fsys.log, "set "+strings.TrimPrefix(attr, xattrPrefix), err)
+	}
+	m.touch(false)
+	return 0
 }
 
 func (n *bufferNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	if attr != xattrAccess {
-		return setxattrCheck(attr)
-	}
-	if flags&xattrCreate != 0 {
-		return syscall.EEXIST
-	}
-	a, err := parseAccessValue(data)
-	if err == nil {
-		err = n.buf.SetAccess(a)
-	}
-	if err != nil {
-		return toErrno(n.fsys.log, "set access", err)
-	}
-	n.touch(false)
-	return 0
+	return setAccessXattr(n.fsys, &n.metaNode, attr, xattrAccess, data, flags, n.buf.SetAccess)
 }
 
 func (d *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	if attr != xattrDefaultAccess {
-		return setxattrCheck(attr)
-	}
-	if flags&xattrCreate != 0 {
-		return syscall.EEXIST
-	}
-	a, err := parseAccessValue(data)
-	if err == nil {
-		err = d.dom.SetDefaultAccess(a)
-	}
-	if err != nil {
-		return toErrno(d.fsys.log, "set default_access", err)
-	}
-	d.touch(false)
-	return 0
+	return setAccessXattr(d.fsys, &d.metaNode, attr, xattrDefaultAccess, data, flags, d.dom.SetDefaultAccess)
 }
 
 // Removexattr: mrfs's attributes always exist and cannot be removed;
