@@ -1,0 +1,300 @@
+package tests
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// syncBuffer collects a subprocess's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// daemonConfig is the per-test config.toml: extra lines for each table. The
+// backend is always soft (device soft0).
+type daemonConfig struct {
+	Verbs   string
+	Buffers string
+	Mount   string
+	Remote  string // the [remote] table (docs/REMOTE.md)
+	// Wrapper is a command prefix such as prlimit/setpriv; each must exec
+	// the next so the daemon keeps the pid we started.
+	Wrapper []string
+	// MountedIsReady: return as soon as the mount is in mountinfo, without
+	// waiting for the root to answer (for signals sent at that moment).
+	MountedIsReady bool
+}
+
+func (c daemonConfig) toml() string {
+	return "[verbs]\nbackend = \"soft\"\n" + c.Verbs + "\n\n[buffers]\n" + c.Buffers +
+		"\n\n[mount]\n" + c.Mount + "\n\n[log]\nlevel = \"debug\"\n\n[remote]\n" + c.Remote + "\n"
+}
+
+type daemon struct {
+	t       testing.TB
+	mnt     string
+	cfgPath string
+	cmd     *exec.Cmd
+	stderr  *syncBuffer
+	done    chan struct{}
+	waitErr error
+	// stoppedByTest: the test ended the daemon itself and checked the result.
+	stoppedByTest bool
+	// watchdog: closed by cleanup; hung is set when the watchdog fired.
+	watchdog chan struct{}
+	hung     atomic.Bool
+}
+
+// startDaemon mounts mrfs on a fresh temporary mountpoint with cfg, waits
+// until the mount is in /proc/self/mountinfo and the root's stats xattr is
+// readable, and registers a cleanup that sends SIGINT and requires exit 0.
+func startDaemon(t testing.TB, cfg daemonConfig) *daemon {
+	t.Helper()
+	requireMountEnv(t)
+	dir := t.TempDir()
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg.toml()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append(append([]string{}, cfg.Wrapper...), mrfsBin, "mount", "--config", cfgPath, mnt)
+	d := &daemon{t: t, mnt: mnt, cfgPath: cfgPath, stderr: &syncBuffer{}, done: make(chan struct{}), watchdog: make(chan struct{})}
+	d.cmd = exec.Command(args[0], args[1:]...)
+	d.cmd.Stdout = d.stderr
+	d.cmd.Stderr = d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatalf("starting %v: %v", args, err)
+	}
+	go func() {
+		d.waitErr = d.cmd.Wait()
+		close(d.done)
+	}()
+	go d.watch()
+	t.Cleanup(d.cleanup)
+
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		select {
+		case <-d.done:
+			d.stoppedByTest = true
+			t.Fatalf("mrfs mount exited before it was ready (%v); stderr:\n%s", d.waitErr, d.stderr)
+		default:
+		}
+		if isMounted(mnt) {
+			if cfg.MountedIsReady {
+				return d
+			}
+			if _, err := getxattr(mnt, xStats); err == nil {
+				return d
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("mrfs mount not ready after %v (mounted=%v); stderr:\n%s", readyTimeout, isMounted(mnt), d.stderr)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+func (d *daemon) path(elem ...string) string {
+	return filepath.Join(append([]string{d.mnt}, elem...)...)
+}
+
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends sig (unless the daemon already exited) and waits up to
+// stopTimeout. It returns the exit code (-1 when killed by a signal or when
+// it could not be ended). On a timeout it fails the test and kills the
+// daemon.
+func (d *daemon) stop(sig syscall.Signal) int {
+	d.t.Helper()
+	d.stoppedByTest = true
+	if !d.exited() && sig != 0 {
+		_ = d.cmd.Process.Signal(sig)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(stopTimeout):
+		d.t.Errorf("mrfs mount did not exit within %v after %v; killing it", stopTimeout, sig)
+		d.kill()
+	}
+	if !d.exited() {
+		return -1
+	}
+	return d.cmd.ProcessState.ExitCode()
+}
+
+// kill SIGKILLs the daemon without ever blocking for good. A process killed
+// while it has a file of its own mount open can wedge in exit, flushing
+// that file to a server whose threads are gone; `umount -f` aborts the
+// connection and lets it finish.
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Kill()
+	select {
+	case <-d.done:
+	case <-time.After(3 * time.Second):
+		_ = exec.Command("umount", "-f", d.mnt).Run()
+		select {
+		case <-d.done:
+		case <-time.After(5 * time.Second):
+			d.t.Errorf("mrfs mount (pid %d) did not exit after SIGKILL and umount -f", d.pid())
+		}
+	}
+	if isMounted(d.mnt) {
+		_ = exec.Command("umount", "-l", d.mnt).Run()
+	}
+}
+
+// waitExit waits for the daemon to exit on its own (e.g. after `mrfs umount`).
+func (d *daemon) waitExit() int {
+	d.t.Helper()
+	return d.stop(0)
+}
+
+// watch kills a daemon that is still running hangTimeout after its start,
+// with a goroutine dump first.
+func (d *daemon) watch() {
+	select {
+	case <-d.watchdog:
+		return
+	case <-d.done:
+		return
+	case <-time.After(hangTimeout):
+	}
+	d.hung.Store(true)
+	_ = d.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-d.done:
+	case <-time.After(3 * time.Second):
+	}
+	_ = exec.Command("umount", "-f", d.mnt).Run()
+	_ = exec.Command("umount", "-l", d.mnt).Run()
+	_ = d.cmd.Process.Kill()
+}
+
+func (d *daemon) cleanup() {
+	t := d.t
+	close(d.watchdog)
+	if d.hung.Load() {
+		t.Errorf("the test was still using its mount %v after the daemon started; the watchdog dumped the daemon's goroutines (SIGQUIT) and killed it:\n%s",
+			hangTimeout, tail(d.stderr.String(), 400))
+		d.kill()
+		return
+	}
+	if !d.stoppedByTest {
+		if code := d.stop(syscall.SIGINT); code != 0 {
+			t.Errorf("mrfs mount exited with status %d after SIGINT, want 0 (%v)", code, d.waitErr)
+		}
+	} else if !d.exited() {
+		d.kill()
+	}
+	if isMounted(d.mnt) {
+		t.Errorf("%s is still mounted after the daemon exited", d.mnt)
+		_ = exec.Command("umount", "-l", d.mnt).Run()
+	}
+	if t.Failed() {
+		t.Logf("mrfs mount stderr:\n%s", tail(d.stderr.String(), 60))
+	}
+}
+
+// waitLog polls the daemon's stderr for a line matching re.
+func (d *daemon) waitLog(re *regexp.Regexp, timeout time.Duration) (string, bool) {
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, line := range strings.Split(d.stderr.String(), "\n") {
+			if re.MatchString(line) {
+				return line, true
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// isMounted reports whether /proc/self/mountinfo has a FUSE mount at mnt.
+func isMounted(mnt string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		left, right, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(left)
+		r := strings.Fields(right)
+		if len(f) < 5 || len(r) < 1 {
+			continue
+		}
+		if unescapeMountinfo(f[4]) == mnt && (r[0] == "fuse" || strings.HasPrefix(r[0], "fuse.")) {
+			return true
+		}
+	}
+	return false
+}
+
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
