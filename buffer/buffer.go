@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mrfs/internal/bytesize"
 	"mrfs/verbs"
 )
 
@@ -97,7 +98,7 @@ func (m *Manager) Create(d *Domain, size uint64) (*Buffer, error) {
 		}
 		if err != nil {
 			b.abandonLocked()
-			return nil, fmt.Errorf("create buffer of %s: %w", formatSize(size), err)
+			return nil, fmt.Errorf("create buffer of %s: %w", bytesize.Format(size), err)
 		}
 	}
 	return b, nil
@@ -235,7 +236,7 @@ func (b *Buffer) syncOnceLocked(final bool) error {
 	if err == nil {
 		return nil
 	}
-	err = fmt.Errorf("sync to %s: %w", formatSize(cur), err)
+	err = fmt.Errorf("sync to %s: %w", bytesize.Format(cur), err)
 	if errors.Is(err, errRaced) && !final {
 		// Nothing changed yet; the caller fstats again.
 		return err
@@ -277,7 +278,7 @@ func (b *Buffer) Resize(size uint64) error {
 	// Start from the size the kernel has: a client may have changed it.
 	// A failure there leaves the buffer Unregistered, which resizing fixes.
 	if err := b.syncedLocked(func() error { return b.resizeLocked(size) }); err != nil {
-		return fmt.Errorf("resize to %s: %w", formatSize(size), err)
+		return fmt.Errorf("resize to %s: %w", bytesize.Format(size), err)
 	}
 	return nil
 }

@@ -707,11 +707,6 @@ func TestStateString(t *testing.T) {
 			t.Errorf("%d: %q", s, s.String())
 		}
 	}
-	for n, want := range map[uint64]string{0: "0 B", 100: "100 B", 4096: "4 KiB", 64 << 20: "64 MiB", 1 << 30: "1 GiB", 1536: "1.5 KiB", 1000 << 20: "1000 MiB", 12289: "12289 B"} {
-		if got := buffer.FormatSize(n); got != want {
-			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
-		}
-	}
 }
 
 // TestClientTruncatesDuringRegistration shrinks the memfd while Sync

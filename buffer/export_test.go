@@ -39,7 +39,6 @@ func (m *Manager) Regions() int {
 }
 
 var PageRound = pageRound
-var FormatSize = formatSize
 
 // unsafePointer is for tests that compare a slice with a region address.
 func UnsafePointer(p []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(p)) }

@@ -26,6 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mrfs/internal/bytesize"
 	"mrfs/verbs"
 )
 
@@ -224,9 +225,9 @@ func (m *Manager) charge(oldLen, newLen uint64, check bool) error {
 	if max := m.opt.MaxPinned; check && max > 0 && newP > oldP {
 		if total > max {
 			m.warn(limitMaxPinned, fmt.Sprintf("cannot pin %s: max_pinned (%s) would be passed with %s pinned; raise buffers.max_pinned in the config",
-				formatSize(newLen), formatSize(max), formatSize(m.pinned)),
+				bytesize.Format(newLen), bytesize.Format(max), bytesize.Format(m.pinned)),
 				"value", max, "pinned", m.pinned, "request", newLen)
-			return &limitError{kind: limitMaxPinned, reason: fmt.Sprintf("max_pinned (%s) reached", formatSize(max)), err: syscall.ENOSPC}
+			return &limitError{kind: limitMaxPinned, reason: fmt.Sprintf("max_pinned (%s) reached", bytesize.Format(max)), err: syscall.ENOSPC}
 		}
 		delete(m.warned, limitMaxPinned)
 	}
@@ -250,7 +251,7 @@ const maxRetries = 3
 // and Info.Reason, unless the memfd shrank meanwhile (errRaced).
 func (m *Manager) regMR(fd int, pd verbs.PD, pdNum uint32, addr uintptr, length, oldLen uint64, a verbs.Access) (verbs.MR, error) {
 	if err := m.charge(oldLen, length, true); err != nil {
-		return nil, fmt.Errorf("register %s in pd %d: %w", formatSize(length), pdNum, err)
+		return nil, fmt.Errorf("register %s in pd %d: %w", bytesize.Format(length), pdNum, err)
 	}
 	mr, err := pd.RegMR(addr, length, a)
 	m.mu.Lock()
@@ -259,11 +260,11 @@ func (m *Manager) regMR(fd int, pd verbs.PD, pdNum uint32, addr uintptr, length,
 		m.pinned = m.pinned - pageRound(length) + pageRound(oldLen)
 		m.registered = m.registered - length + oldLen
 		if cur, serr := memfdSize(fd); serr == nil && cur < length {
-			err = fmt.Errorf("%w (to %s): %w", errRaced, formatSize(cur), err)
+			err = fmt.Errorf("%w (to %s): %w", errRaced, bytesize.Format(cur), err)
 		} else {
 			err = m.classifyLocked(err, length)
 		}
-		return nil, fmt.Errorf("register %s in pd %d: %w", formatSize(length), pdNum, err)
+		return nil, fmt.Errorf("register %s in pd %d: %w", bytesize.Format(length), pdNum, err)
 	}
 	m.regions++
 	delete(m.warned, limitMemlock)
@@ -281,8 +282,8 @@ func (m *Manager) classifyLocked(err error, length uint64) error {
 			return err // not RLIMIT_MEMLOCK: pass it through as it is
 		}
 		m.warn(limitMemlock, fmt.Sprintf("cannot pin %s: RLIMIT_MEMLOCK is %s; raise it with `ulimit -l` or run with CAP_IPC_LOCK",
-			formatSize(length), formatSize(lim.Cur)), "value", lim.Cur)
-		return &limitError{kind: limitMemlock, reason: fmt.Sprintf("RLIMIT_MEMLOCK (%s) reached", formatSize(lim.Cur)), err: err}
+			bytesize.Format(length), bytesize.Format(lim.Cur)), "value", lim.Cur)
+		return &limitError{kind: limitMemlock, reason: fmt.Sprintf("RLIMIT_MEMLOCK (%s) reached", bytesize.Format(lim.Cur)), err: err}
 	case syscall.EINVAL:
 		// With access validated and a mapped range, EINVAL from reg_mr is
 		// the device's region pool being full (rxe, soft).
@@ -301,7 +302,7 @@ func (m *Manager) classifyLocked(err error, length uint64) error {
 // change, so the old one's bytes are gone from the totals.
 func (m *Manager) deregMR(mr verbs.MR, uncharge bool) error {
 	if err := mr.Dereg(); err != nil {
-		return fmt.Errorf("deregister %s (lkey 0x%x) in pd %d: %w", formatSize(mr.Length()), mr.LKey(), mr.PD().Handle(), err)
+		return fmt.Errorf("deregister %s (lkey 0x%x) in pd %d: %w", bytesize.Format(mr.Length()), mr.LKey(), mr.PD().Handle(), err)
 	}
 	m.mu.Lock()
 	m.regions--

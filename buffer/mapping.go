@@ -2,8 +2,8 @@ package buffer
 
 import (
 	"fmt"
+	"mrfs/internal/bytesize"
 	"os"
-	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -28,7 +28,7 @@ func mapMemfd(fd int, size uint64) (mapping, error) {
 	n := pageRound(size)
 	p, err := unix.MmapPtr(fd, 0, nil, uintptr(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return mapping{}, fmt.Errorf("mmap %s of memfd: %w", formatSize(n), err)
+		return mapping{}, fmt.Errorf("mmap %s of memfd: %w", bytesize.Format(n), err)
 	}
 	return mapping{base: p, len: n}, nil
 }
@@ -39,7 +39,7 @@ func (mp *mapping) unmap() error {
 		return nil
 	}
 	if err := unix.MunmapPtr(mp.base, uintptr(mp.len)); err != nil {
-		return fmt.Errorf("munmap %s: %w", formatSize(mp.len), err)
+		return fmt.Errorf("munmap %s: %w", bytesize.Format(mp.len), err)
 	}
 	*mp = mapping{}
 	return nil
@@ -56,7 +56,7 @@ func (mp *mapping) shrink(size uint64) error {
 		return nil
 	}
 	if err := unix.MunmapPtr(unsafe.Add(mp.base, keep), uintptr(mp.len-keep)); err != nil {
-		return fmt.Errorf("munmap tail of %s: %w", formatSize(mp.len-keep), err)
+		return fmt.Errorf("munmap tail of %s: %w", bytesize.Format(mp.len-keep), err)
 	}
 	mp.len = keep
 	return nil
@@ -73,34 +73,7 @@ func memfdSize(fd int) (uint64, error) {
 
 func truncate(fd int, size uint64) error {
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return fmt.Errorf("ftruncate memfd to %s: %w", formatSize(size), err)
+		return fmt.Errorf("ftruncate memfd to %s: %w", bytesize.Format(size), err)
 	}
 	return nil
-}
-
-// formatSize writes n the way the log and error messages do: "64 MiB",
-// "1.5 GiB", "100 B".
-func formatSize(n uint64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	i, v := 0, n
-	for v >= 1024 && v%1024 == 0 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	if v < 1024 || i == len(units)-1 {
-		return fmt.Sprintf("%d %s", v, units[i])
-	}
-	// Not a whole number of the next unit: one decimal of the largest
-	// unit, or the exact bytes when a decimal would hide the difference.
-	f := float64(n)
-	i = 0
-	for f >= 1024 && i < len(units)-1 {
-		f /= 1024
-		i++
-	}
-	s := fmt.Sprintf("%.1f", f)
-	if strings.HasSuffix(s, ".0") {
-		return fmt.Sprintf("%d B", n)
-	}
-	return s + " " + units[i]
 }

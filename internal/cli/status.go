@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"mrfs/internal/bytesize"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,8 +15,6 @@ import (
 	"unicode"
 
 	"golang.org/x/sys/unix"
-
-	"mrfs/internal/config"
 )
 
 // rootStats is the part of user.mrfs.stats status shows.
@@ -101,7 +100,7 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "not readable by this user: %s\n", strings.Join(unreadable, ", "))
 	}
 	fmt.Fprintf(stdout, "totals: %s in %s, %s registered, %s pinned\n",
-		plural(st.Buffers, "buffer"), plural(st.PDs, "PD"), config.FormatSize(st.RegisteredBytes), config.FormatSize(st.PinnedBytes))
+		plural(st.Buffers, "buffer"), plural(st.PDs, "PD"), bytesize.Format(st.RegisteredBytes), bytesize.Format(st.PinnedBytes))
 	l := st.Limits
 	fmt.Fprintf(stdout, "limits: max_buffers %s, max_pinned %s, max_mr %s, RLIMIT_MEMLOCK %s\n",
 		limit(l.MaxBuffers, false), limit(l.MaxPinned, true), limit(l.MaxMR, false), limit(l.Memlock, true))
@@ -120,7 +119,7 @@ func limit(v uint64, bytes bool) string {
 	case v == 0:
 		return "unlimited"
 	case bytes:
-		return config.FormatSize(v)
+		return bytesize.Format(v)
 	}
 	return fmt.Sprint(v)
 }

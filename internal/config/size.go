@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"mrfs/internal/bytesize"
 	"strconv"
 	"strings"
 )
@@ -72,29 +73,8 @@ func ambiguousUnit(u string) bool {
 	return false
 }
 
-// FormatSize gives a byte count for people: "0 B", "512 B", "64 MiB". A
-// count that is not a whole number of its largest unit is rounded to one
-// decimal ("1.5 MiB", "97.7 KiB"), so this is for messages, not for
-// writing back into a config file (MarshalText is exact).
-func FormatSize(n uint64) string {
-	u := 0
-	for u+1 < len(sizeUnits) && n >= sizeUnits[u+1].bytes {
-		u++
-	}
-	if n%sizeUnits[u].bytes == 0 {
-		return fmt.Sprintf("%d %s", n/sizeUnits[u].bytes, sizeUnits[u].name)
-	}
-	s := strconv.FormatFloat(float64(n)/float64(sizeUnits[u].bytes), 'f', 1, 64)
-	if s == "1024.0" && u+1 < len(sizeUnits) {
-		// Just under the next unit: "1.0 MiB" reads better than "1024.0 KiB".
-		u++
-		s = strconv.FormatFloat(float64(n)/float64(sizeUnits[u].bytes), 'f', 1, 64)
-	}
-	return s + " " + sizeUnits[u].name
-}
-
-// String is FormatSize.
-func (s Size) String() string { return FormatSize(uint64(s)) }
+// String is the size for people (bytesize.Format).
+func (s Size) String() string { return bytesize.Format(uint64(s)) }
 
 // MarshalText writes the exact size in the largest unit that divides it
 // ("64KiB", "4097"), which ParseSize reads back unchanged.

@@ -30,6 +30,7 @@ import (
 	"sync"
 	"syscall"
 
+	"mrfs/internal/bytesize"
 	"mrfs/verbs"
 )
 
@@ -361,7 +362,7 @@ func (p *pd) Dealloc() error {
 func (p *pd) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.MR, error) {
 	d := p.dev
 	fail := func(err error) (verbs.MR, error) {
-		return nil, fmt.Errorf("reg_mr %s in pd %d on %s: %w", sizeString(length), p.handle, d.name, err)
+		return nil, fmt.Errorf("reg_mr %s in pd %d on %s: %w", bytesize.Format(length), p.handle, d.name, err)
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -406,18 +407,4 @@ func errnoOf(err error) syscall.Errno {
 		return e
 	}
 	return syscall.EIO
-}
-
-// sizeString prints a byte count as people read it: "64 MiB" when exact,
-// else bytes.
-func sizeString(n uint64) string {
-	for _, u := range []struct {
-		shift uint
-		name  string
-	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
-		}
-	}
-	return fmt.Sprintf("%d bytes", n)
 }

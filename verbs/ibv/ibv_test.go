@@ -126,9 +126,6 @@ func TestCheckAccess(t *testing.T) {
 			t.Errorf("checkAccess(%s) = %v, want %v", c.a, got, c.want)
 		}
 	}
-	if s := sizeString(64 << 10); s != "64 KiB" {
-		t.Errorf("sizeString = %q", s)
-	}
 }
 
 // open opens the first device and a PD, closed at cleanup.

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 
+	"mrfs/internal/bytesize"
 	"mrfs/verbs"
 )
 
@@ -190,7 +191,7 @@ func (p *pd) Dealloc() error {
 func (p *pd) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.MR, error) {
 	m, err := p.ctx.dev.register(p, addr, length, access, nil)
 	if err != nil {
-		return nil, fmt.Errorf("reg_mr %s in pd %d: %w", sizeString(length), p.handle, err)
+		return nil, fmt.Errorf("reg_mr %s in pd %d: %w", bytesize.Format(length), p.handle, err)
 	}
 	return m, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mrfs/internal/bytesize"
 	"mrfs/verbs"
 )
 
@@ -61,7 +62,7 @@ func pin(addr uintptr, length uint64) (pinning, error) {
 	limit := lim.Cur / pageSize // RLIM_INFINITY stays huge
 	if !privileged && pins.pinned+p.pages() > limit {
 		return pinning{}, fmt.Errorf("pinned memory would be %s, over RLIMIT_MEMLOCK %s; raise it with `ulimit -l` or run with CAP_IPC_LOCK: %w",
-			sizeString((pins.pinned+p.pages())*pageSize), sizeString(lim.Cur), syscall.ENOMEM)
+			bytesize.Format((pins.pinned+p.pages())*pageSize), bytesize.Format(lim.Cur), syscall.ENOMEM)
 	}
 	pins.refs.add(p.first, p.end, 1)
 	if err := mlock(p.first*pageSize, p.pages()*pageSize); err != nil {
@@ -76,7 +77,7 @@ func pin(addr uintptr, length uint64) (pinning, error) {
 			if msync(p.first*pageSize, p.pages()*pageSize) == syscall.ENOMEM {
 				return pinning{}, fmt.Errorf("range 0x%x+%d is not mapped: %w", start, length, syscall.EFAULT)
 			}
-			return pinning{}, fmt.Errorf("mlock refused by RLIMIT_MEMLOCK %s: %w", sizeString(lim.Cur), syscall.ENOMEM)
+			return pinning{}, fmt.Errorf("mlock refused by RLIMIT_MEMLOCK %s: %w", bytesize.Format(lim.Cur), syscall.ENOMEM)
 		}
 		return pinning{}, fmt.Errorf("mlock: %w", err)
 	}
@@ -176,21 +177,4 @@ func (r *pageRefs) add(start, end uint64, d int32) []span {
 	}
 	r.segs = slices.Replace(segs, lo, hi, out...)
 	return zero
-}
-
-// sizeString prints a byte count the way people read it: "64 MiB" when
-// exact, else bytes.
-func sizeString(n uint64) string {
-	if n == ^uint64(0) {
-		return "unlimited"
-	}
-	for _, u := range []struct {
-		shift uint
-		name  string
-	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
-		}
-	}
-	return fmt.Sprintf("%d bytes", n)
 }
