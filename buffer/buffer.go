@@ -460,10 +460,9 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 		if b.state != Registered {
 			return nil // stored for the next registration
 		}
-		// Register anew, then deregister the old region, rather than
-		// MR.Rereg: a failed ibv_rereg_mr (ERR_CMD) leaves the region
-		// unusable, which would break "a failed call changes nothing",
-		// and this order also guarantees that the old keys die.
+		// Register anew, then deregister the old region (never
+		// ibv_rereg_mr, see verbs.MR): the old keys die, and a failure
+		// changes nothing.
 		return b.replaceLocked(uintptr(b.mp.base), b.size, b.dom, a)
 	})
 	if err != nil {

@@ -37,9 +37,6 @@ type DeviceAttr struct {
 	// Access is every flag the device accepts in reg_mr; registering with
 	// another fails with EOPNOTSUPP.
 	Access Access
-	// Rereg reports whether MR.Rereg is implemented. When false it always
-	// fails with EOPNOTSUPP (rxe) and callers register anew instead.
-	Rereg bool
 }
 
 // Device is an open device (ibv_context).
@@ -65,27 +62,10 @@ type PD interface {
 	Dealloc() error
 }
 
-// ReregFlags say what MR.Rereg changes (IBV_REREG_MR_CHANGE_*).
-type ReregFlags uint32
-
-// The flags of ibv_rereg_mr.
-const (
-	ReregTranslation ReregFlags = 1 << 0
-	ReregPD          ReregFlags = 1 << 1
-	ReregAccess      ReregFlags = 1 << 2
-)
-
-// ReregArgs are the new values for MR.Rereg; only those named by Flags
-// are used.
-type ReregArgs struct {
-	Flags  ReregFlags
-	PD     PD
-	Addr   uintptr
-	Length uint64
-	Access Access
-}
-
-// MR is a registered memory region (ibv_mr).
+// MR is a registered memory region (ibv_mr). Its keys, range, access
+// and PD never change: mrfs re-registers by registering anew and then
+// deregistering the old region, never with ibv_rereg_mr, whose failure
+// (IBV_REREG_MR_ERR_CMD) would leave the region unusable.
 type MR interface {
 	LKey() uint32
 	RKey() uint32
@@ -96,11 +76,6 @@ type MR interface {
 	Length() uint64
 	Access() Access
 	PD() PD
-	// Rereg changes the region in place. Keys may change: read them again
-	// after success. An error wrapping EOPNOTSUPP from a device without
-	// rereg leaves the region as it was; after any other error the region
-	// must not be used, only deregistered (ibv_rereg_mr's ERR_CMD).
-	Rereg(args ReregArgs) error
 	// Dereg deregisters the region; EINVAL if it is already gone.
 	Dereg() error
 }

@@ -37,11 +37,11 @@ func cmdDevices(args []string, stdout io.Writer) error {
 		return fmt.Errorf("list devices of backend %s: %w", prov.Name(), err)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tBACKEND\tMAX_MR\tMAX_MR_SIZE\tMAX_PD\tPAGE_SIZE_CAP\tREREG\tACCESS")
+	fmt.Fprintln(tw, "DEVICE\tBACKEND\tMAX_MR\tMAX_MR_SIZE\tMAX_PD\tPAGE_SIZE_CAP\tACCESS")
 	for _, d := range devs {
 		a := d.Attr
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%#x\t%d\t%#x\t%v\t%s\n", d.Name, prov.Name(), a.MaxMR,
-			a.MaxMRSize, a.MaxPD, a.PageSizeCap, a.Rereg, a.Access)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%#x\t%d\t%#x\t%s\n", d.Name, prov.Name(), a.MaxMR,
+			a.MaxMRSize, a.MaxPD, a.PageSizeCap, a.Access)
 	}
 	return tw.Flush()
 }

@@ -27,12 +27,6 @@ static struct ibv_mr *mrfs_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t leng
 	return ibv_reg_mr_iova2(pd, (void *)addr, length, iova, access);
 }
 
-static int mrfs_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
-			 uintptr_t addr, size_t length, int access)
-{
-	return ibv_rereg_mr(mr, flags, pd, (void *)addr, length, access);
-}
-
 // mrfs_sockaddr fills ss from an address's bytes (4 or 16) and a port.
 static socklen_t mrfs_sockaddr(struct sockaddr_storage *ss, const uint8_t *ip, int iplen, uint16_t port)
 {
@@ -286,12 +280,6 @@ import (
 // Values from verbs.h that the pure-Go files need.
 const (
 	capMemWindow = uint32(C.IBV_DEVICE_MEM_WINDOW)
-
-	reregErrInput        = int(C.IBV_REREG_MR_ERR_INPUT)
-	reregErrDontForkNew  = int(C.IBV_REREG_MR_ERR_DONT_FORK_NEW)
-	reregErrDoForkOld    = int(C.IBV_REREG_MR_ERR_DO_FORK_OLD)
-	reregErrCmd          = int(C.IBV_REREG_MR_ERR_CMD)
-	reregErrCmdDoForkNew = int(C.IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW)
 )
 
 // cDevice is an ibv_device of a device list; valid until the list is
@@ -382,8 +370,7 @@ func (p cPD) handle() uint32 { return uint32(p.p.handle) }
 // dealloc wraps ibv_dealloc_pd, which returns an errno value (not -1).
 func (p cPD) dealloc() syscall.Errno { return syscall.Errno(C.ibv_dealloc_pd(p.p)) }
 
-// cMR is a memory region. libibverbs keeps the same ibv_mr across a
-// successful rereg and updates its fields in place.
+// cMR is a memory region.
 type cMR struct{ p *C.struct_ibv_mr }
 
 // mrFields are the ibv_mr fields mrfs reads.
@@ -409,17 +396,6 @@ func (m cMR) fields() mrFields {
 		addr:   uintptr(m.p.addr),
 		length: uint64(m.p.length),
 	}
-}
-
-// rereg wraps ibv_rereg_mr: code is 0 or an IBV_REREG_MR_ERR_* value,
-// errno what libibverbs or the kernel set. pd may be the zero cPD (NULL)
-// when the PD does not change.
-func (m cMR) rereg(flags int, pd cPD, addr uintptr, length uint64, access int) (code int, errno syscall.Errno) {
-	r, err := C.mrfs_rereg_mr(m.p, C.int(flags), pd.p, C.uintptr_t(addr), C.size_t(length), C.int(access))
-	if r == 0 {
-		return 0, 0
-	}
-	return int(r), errnoOf(err)
 }
 
 // dereg wraps ibv_dereg_mr, which returns an errno value (not -1). On

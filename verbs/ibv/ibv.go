@@ -161,8 +161,7 @@ func isRxe(name string, raw rawAttr) bool {
 // local/remote ones and relaxed_ordering (an optional flag, ignored where
 // unsupported); mw_bind needs memory windows, on_demand needs ODP, and
 // zero_based is left out on rxe, which refuses it (newer kernels) or
-// accepts it without meaning it (6.1). rxe's provider in rdma-core has
-// no rereg_mr, hence Rereg false.
+// accepts it without meaning it (6.1).
 func deviceAttr(name string, raw rawAttr) verbs.DeviceAttr {
 	rxe := isRxe(name, raw)
 	a := verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead | verbs.RemoteAtomic | verbs.RelaxedOrdering
@@ -181,7 +180,6 @@ func deviceAttr(name string, raw rawAttr) verbs.DeviceAttr {
 		PageSizeCap: raw.pageSizeCap,
 		MaxPD:       raw.maxPD,
 		Access:      a,
-		Rereg:       !rxe,
 	}
 }
 
@@ -284,11 +282,11 @@ func (d *device) freeLiveLocked() []error {
 	for o := range d.live {
 		if m, ok := o.(*mr); ok {
 			m.mu.Lock()
-			if m.state != mrDead {
+			if !m.dead {
 				if errno := m.c.dereg(); errno != 0 {
 					errs = append(errs, fmt.Errorf("dereg_mr key 0x%x: %w", m.lkey, errno))
 				}
-				m.state = mrDead
+				m.dead = true
 			}
 			m.mu.Unlock()
 			delete(d.live, o)
@@ -318,9 +316,8 @@ type pd struct {
 	c      cPD     // immutable
 	handle uint32  // immutable: read once, so it stays valid after Dealloc
 
-	// guards: dead, and the ibv_pd's lifetime. RegMR, and a Rereg that
-	// moves a region into this PD, hold mu shared across the libibverbs
-	// call; Dealloc holds it exclusively, so ibv_dealloc_pd never frees
+	// guards: dead, and the ibv_pd's lifetime. RegMR holds mu shared
+	// across the libibverbs call; Dealloc holds it exclusively, so ibv_dealloc_pd never frees
 	// the ibv_pd under a call that reads it. Taken after dev.mu, before
 	// mr.mu.
 	mu   sync.RWMutex

@@ -46,14 +46,14 @@ func rdma(t testing.TB) verbs.Provider {
 }
 
 // options are DefaultOptions, and rxe's options for an rxe device whose
-// name does not say so (this package gives only rxe Rereg false).
+// name does not say so (this package leaves zero_based out only on rxe).
 func options(t *testing.T, p verbs.Provider) verbstest.Options {
 	opt := verbstest.DefaultOptions(p)
 	devs, err := p.Devices()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !opt.RxeKeys && !devs[0].Attr.Rereg {
+	if !opt.RxeKeys && devs[0].Attr.Access&verbs.ZeroBased == 0 {
 		opt = verbstest.RxeOptions()
 	}
 	t.Logf("device %s: %+v; suite options %+v", devs[0].Name, devs[0].Attr, opt)
@@ -90,19 +90,18 @@ func TestDeviceAttr(t *testing.T) {
 		name   string
 		raw    rawAttr
 		access verbs.Access
-		rereg  bool
 	}{
 		// rxe as tests/vm reports it: memory windows, no ODP.
-		{"rxe0", rawAttr{capFlags: capMemWindow, vendorID: rxeVendorID}, base | verbs.MWBind, false},
-		{"soft-roce", rawAttr{vendorID: rxeVendorID}, base, false}, // renamed rxe
-		{"rxe_eth1", rawAttr{odp: true}, base | verbs.OnDemand, false},
+		{"rxe0", rawAttr{capFlags: capMemWindow, vendorID: rxeVendorID}, base | verbs.MWBind},
+		{"soft-roce", rawAttr{vendorID: rxeVendorID}, base}, // renamed rxe
+		{"rxe_eth1", rawAttr{odp: true}, base | verbs.OnDemand},
 		{"mlx5_0", rawAttr{capFlags: capMemWindow, vendorID: 0x02c9, odp: true},
-			base | verbs.MWBind | verbs.OnDemand | verbs.ZeroBased, true},
-		{"irdma0", rawAttr{vendorID: 0x8086}, base | verbs.ZeroBased, true},
+			base | verbs.MWBind | verbs.OnDemand | verbs.ZeroBased},
+		{"irdma0", rawAttr{vendorID: 0x8086}, base | verbs.ZeroBased},
 	} {
 		c.raw.maxMR, c.raw.maxPD, c.raw.maxMRSize, c.raw.pageSizeCap = 524287, 1<<20, ^uint64(0), 0xFFFFF000
 		a := deviceAttr(c.name, c.raw)
-		want := verbs.DeviceAttr{MaxMR: 524287, MaxMRSize: ^uint64(0), PageSizeCap: 0xFFFFF000, MaxPD: 1 << 20, Access: c.access, Rereg: c.rereg}
+		want := verbs.DeviceAttr{MaxMR: 524287, MaxMRSize: ^uint64(0), PageSizeCap: 0xFFFFF000, MaxPD: 1 << 20, Access: c.access}
 		if a != want {
 			t.Errorf("%s: %+v, want %+v", c.name, a, want)
 		}
@@ -158,7 +157,6 @@ func TestGuards(t *testing.T) {
 		t.Fatal(err)
 	}
 	verbstest.WantErrno(t, mr.Dereg(), syscall.EINVAL)
-	verbstest.WantErrno(t, mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess}), syscall.EINVAL)
 	if err := pd.Dealloc(); err != nil {
 		t.Fatal(err)
 	}
@@ -179,13 +177,6 @@ func TestGuards(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := mr2.LKey()
-	// Requests refused before libibverbs leave the region usable.
-	verbstest.WantErrno(t, mr2.Rereg(verbs.ReregArgs{}), syscall.EINVAL)
-	verbstest.WantErrno(t, mr2.Rereg(verbs.ReregArgs{Flags: verbs.ReregPD, PD: pd}), syscall.EINVAL) // deallocated
-	verbstest.WantErrno(t, mr2.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess, Access: verbs.RemoteWrite}), syscall.EINVAL)
-	if mr2.LKey() != key || mr2.Length() != 4096 || mr2.PD().Handle() != pd2.Handle() {
-		t.Errorf("refused Rereg changed the region: key 0x%x length %d pd %d", mr2.LKey(), mr2.Length(), mr2.PD().Handle())
-	}
 
 	// Close with a PD and a region left: the kernel frees them; every
 	// later call answers ENODEV.
@@ -193,7 +184,6 @@ func TestGuards(t *testing.T) {
 		t.Fatalf("Close with a live PD and region: %v", err)
 	}
 	verbstest.WantErrno(t, mr2.Dereg(), syscall.ENODEV)
-	verbstest.WantErrno(t, mr2.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess}), syscall.ENODEV)
 	verbstest.WantErrno(t, pd2.Dealloc(), syscall.ENODEV)
 	_, err = pd2.RegMR(addr, 4096, 0)
 	verbstest.WantErrno(t, err, syscall.ENODEV)
@@ -202,33 +192,6 @@ func TestGuards(t *testing.T) {
 	verbstest.WantErrno(t, dev.Close(), syscall.ENODEV)
 	if mr2.LKey() != key {
 		t.Errorf("getters after Close: lkey 0x%x, want 0x%x", mr2.LKey(), key)
-	}
-}
-
-// rxe's provider has no rereg: EOPNOTSUPP, and the region is untouched
-// and still registered.
-func TestReregUnsupported(t *testing.T) {
-	dev, pd := open(t)
-	if dev.Attr().Rereg {
-		t.Skip("the device implements rereg")
-	}
-	addr, _ := verbstest.Map(t, 8192)
-	mr, err := pd.RegMR(addr, 4096, verbs.LocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := mr.LKey()
-	for _, a := range []verbs.ReregArgs{
-		{Flags: verbs.ReregAccess, Access: verbs.LocalWrite | verbs.RemoteRead},
-		{Flags: verbs.ReregTranslation, Addr: addr, Length: 8192},
-	} {
-		verbstest.WantErrno(t, mr.Rereg(a), syscall.EOPNOTSUPP)
-	}
-	if mr.LKey() != key || mr.Length() != 4096 || mr.Access() != verbs.LocalWrite {
-		t.Errorf("region changed: key 0x%x length %d access %s", mr.LKey(), mr.Length(), mr.Access())
-	}
-	if err := mr.Dereg(); err != nil {
-		t.Fatalf("Dereg after refused Rereg: %v", err)
 	}
 }
 

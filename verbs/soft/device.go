@@ -13,12 +13,11 @@ import (
 // device is the state rxe keeps per ib_device: the MR index pool and the
 // PD numbering, shared by every context opened on it.
 type device struct {
-	name    string           // immutable
-	attr    verbs.DeviceAttr // immutable
-	noRereg bool             // immutable
+	name string           // immutable
+	attr verbs.DeviceAttr // immutable
 
 	// guards: the memory of every live region. A responder holds it for
-	// reading across its checks and its copy; Dereg, Rereg's swap and
+	// reading across its checks and its copy; Dereg and
 	// Close hold it for writing while they take a region away, so once
 	// they return no responder touches that memory and the caller may
 	// unmap it. Taken before mu.
@@ -36,15 +35,13 @@ type device struct {
 
 func newDevice(opt Options) *device {
 	return &device{
-		name:    opt.DeviceName,
-		noRereg: opt.NoRereg,
+		name: opt.DeviceName,
 		attr: verbs.DeviceAttr{
 			MaxMR:       opt.MaxMR,
 			MaxMRSize:   ^uint64(0),
 			PageSizeCap: 0xFFFFF000,
 			MaxPD:       rxeMaxPD,
 			Access:      deviceAccess,
-			Rereg:       !opt.NoRereg,
 		},
 		mrs: map[uint32]*mr{},
 		pds: map[uint32]*pd{},
@@ -52,16 +49,12 @@ func newDevice(opt Options) *device {
 }
 
 // allocIndex finds the next free MR index after the last one handed out,
-// cyclically over [1, MaxMR], as xa_alloc_cyclic does. When the pool is
-// full and a region is being replaced (rereg), that region's index is
-// reused. Called with d.mu held.
-func (d *device) allocIndex(replacing *mr) (idx uint32, reused, ok bool) {
+// cyclically over [1, MaxMR], as xa_alloc_cyclic does. Called with d.mu
+// held.
+func (d *device) allocIndex() (idx uint32, ok bool) {
 	max := uint32(d.attr.MaxMR)
 	if len(d.mrs) >= int(max) {
-		if replacing != nil {
-			return replacing.idx, true, true
-		}
-		return 0, false, false
+		return 0, false
 	}
 	for range max {
 		d.lastIdx++
@@ -69,22 +62,14 @@ func (d *device) allocIndex(replacing *mr) (idx uint32, reused, ok bool) {
 			d.lastIdx = 1
 		}
 		if _, used := d.mrs[d.lastIdx]; !used {
-			return d.lastIdx, false, true
+			return d.lastIdx, true
 		}
 	}
-	return 0, false, false // unreachable: len(d.mrs) < max
+	return 0, false // unreachable: len(d.mrs) < max
 }
 
-// newKey is rxe's key: the index above a random byte. avoid is a key the
-// result must differ from (rereg that reuses its index), or 0.
-func newKey(idx, avoid uint32) uint32 {
-	for {
-		k := idx<<8 | uint32(rand.N(256))
-		if k != avoid {
-			return k
-		}
-	}
-}
+// newKey is rxe's key: the index above a random byte.
+func newKey(idx uint32) uint32 { return idx<<8 | uint32(rand.N(256)) }
 
 // context is an open device (ibv_context).
 type context struct {
@@ -189,7 +174,7 @@ func (p *pd) Dealloc() error {
 }
 
 func (p *pd) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.MR, error) {
-	m, err := p.ctx.dev.register(p, addr, length, access, nil)
+	m, err := p.ctx.dev.register(p, addr, length, access)
 	if err != nil {
 		return nil, fmt.Errorf("reg_mr %s in pd %d: %w", bytesize.Format(length), p.handle, err)
 	}

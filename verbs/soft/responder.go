@@ -53,7 +53,7 @@ func (r responder) check(iova uint64, rkey uint32, n uint64, need verbs.Access, 
 }
 
 // access runs fn on the target's memory with d.mem held for reading, so
-// that no Dereg (or Rereg, or Close) completes while fn runs: after those
+// that no Dereg (or Close) completes while fn runs: after those
 // return the buffer layer may unmap the range. A fault while touching the
 // memory (a client truncated the memfd under the daemon's mapping: SIGBUS)
 // becomes IBV_WC_REM_OP_ERR: the request passed every check, and it is

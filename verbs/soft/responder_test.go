@@ -137,8 +137,8 @@ func TestResponderChecks(t *testing.T) {
 	}
 }
 
-// Old keys die with their registration: after Dereg, and after a Rereg
-// that changes access (keys change).
+// Old keys die with their registration: after a replacement that changes
+// access (register anew, deregister the old: keys change), and after Dereg.
 func TestResponderStaleKeys(t *testing.T) {
 	_, p := open(t, Options{})
 	mem := mapAnon(t, int(pageSize))
@@ -149,17 +149,22 @@ func TestResponderStaleKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := mr.RKey()
-	if err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess, Access: verbs.LocalWrite | verbs.RemoteWrite}); err != nil {
+	mr2, err := p.RegMR(addrOf(mem), uint64(len(mem)), verbs.LocalWrite|verbs.RemoteWrite)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if err := mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	mr = mr2
 	if st := r.Write(mr.IOVA(), old, []byte("x")); st != verbs.WCRemAccessErr {
-		t.Errorf("old rkey after rereg: %v", st)
+		t.Errorf("old rkey after the replacement: %v", st)
 	}
 	if st := r.Write(mr.IOVA(), mr.RKey(), []byte("x")); st != verbs.WCSuccess {
-		t.Errorf("new rkey after rereg: %v", st)
+		t.Errorf("new rkey after the replacement: %v", st)
 	}
 	if st := r.Read(make([]byte, 1), mr.IOVA(), mr.RKey()); st != verbs.WCRemAccessErr {
-		t.Errorf("READ after rereg dropped remote_read: %v", st)
+		t.Errorf("READ after the replacement dropped remote_read: %v", st)
 	}
 	key := mr.RKey()
 	if err := mr.Dereg(); err != nil {

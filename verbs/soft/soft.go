@@ -15,8 +15,8 @@
 //
 // Locking: each device has one mutex (device.mu) for its PDs, regions and
 // index pool, and one RWMutex (device.mem) that responders hold for
-// reading while they touch registered memory and that Dereg, Rereg and
-// Close take for writing; pinning has one process-wide mutex (pins.mu).
+// reading while they touch registered memory and that Dereg and Close
+// take for writing; pinning has one process-wide mutex (pins.mu).
 // Lock order is device.mem, device.mu, pins.mu. mlock runs without
 // device.mu but under pins.mu, so pinning is serialized process-wide: a
 // page must not be unlocked by one region's Dereg while another region is
@@ -34,9 +34,6 @@ import (
 type Options struct {
 	DeviceName string // "" -> "soft0"
 	MaxMR      int    // 0 -> 524287 (rxe's max_mr); capped at 1<<24-1, the keys' index range
-	// NoRereg makes MR.Rereg fail with EOPNOTSUPP and change nothing, as
-	// the rxe provider of rdma-core does.
-	NoRereg bool
 }
 
 // Limits of rxe (rxe_param.h) that the model copies.

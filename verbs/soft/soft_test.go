@@ -21,7 +21,7 @@ func TestConformance(t *testing.T) {
 		opt  Options
 	}{
 		{"default", Options{}},
-		{"norereg-maxmr64", Options{NoRereg: true, MaxMR: 64}},
+		{"maxmr64", Options{MaxMR: 64}},
 		{"maxmr16", Options{MaxMR: 16, DeviceName: "soft7"}},
 		{"maxmr1", Options{MaxMR: 1}},
 	} {
@@ -31,13 +31,13 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// The suite in rxe mode: soft with rxe's switch (no rereg) and the
-// options verbs/ibv runs on rxe, but for the pin field. The remaining
-// differences are listed at the top of verbstest's cases.go.
+// The suite with the options verbs/ibv runs on rxe, but for the pin
+// field. The remaining differences are listed at the top of verbstest's
+// cases.go.
 func TestConformanceRxeMode(t *testing.T) {
 	opt := verbstest.RxeOptions()
 	opt.PinField = "VmLck"
-	verbstest.RunWith(t, func(t *testing.T) verbs.Provider { return New(Options{NoRereg: true}) }, opt)
+	verbstest.RunWith(t, func(t *testing.T) verbs.Provider { return New(Options{}) }, opt)
 }
 
 // open returns an open device and a PD of a fresh soft provider.
@@ -76,13 +76,13 @@ func vmLck(t *testing.T) uint64 {
 
 func TestAttr(t *testing.T) {
 	dev, _ := open(t, Options{})
-	want := verbs.DeviceAttr{MaxMR: 524287, MaxMRSize: ^uint64(0), PageSizeCap: 0xFFFFF000, MaxPD: 1 << 20, Access: deviceAccess, Rereg: true}
+	want := verbs.DeviceAttr{MaxMR: 524287, MaxMRSize: ^uint64(0), PageSizeCap: 0xFFFFF000, MaxPD: 1 << 20, Access: deviceAccess}
 	if dev.Name() != "soft0" || dev.Attr() != want {
 		t.Errorf("device %q attr %+v, want soft0 %+v", dev.Name(), dev.Attr(), want)
 	}
-	dev, _ = open(t, Options{NoRereg: true, MaxMR: 1 << 30})
-	if a := dev.Attr(); a.Rereg || a.MaxMR != maxIndex {
-		t.Errorf("NoRereg with huge MaxMR: %+v", a)
+	dev, _ = open(t, Options{MaxMR: 1 << 30})
+	if a := dev.Attr(); a.MaxMR != maxIndex {
+		t.Errorf("huge MaxMR: %+v", a)
 	}
 }
 
@@ -214,14 +214,14 @@ func TestOverlapKeepsPagesLocked(t *testing.T) {
 	if got := vmLck(t); got != base+8*4 {
 		t.Errorf("VmLck %d after the first Dereg, want %d", got, base+8*4)
 	}
-	// Rereg over the same pages keeps them locked throughout.
-	if err := b.Rereg(verbs.ReregArgs{Flags: verbs.ReregTranslation, Addr: addr + 4*4096, Length: 4 * 4096}); err != nil {
-		t.Fatal(err)
-	}
-	if got := vmLck(t); got != base+4*4 {
-		t.Errorf("VmLck %d after shrinking rereg, want %d", got, base+4*4)
-	}
+	// Registering a smaller range anew, then dropping the old one (how
+	// mrfs shrinks), keeps the shared pages locked throughout.
+	c := reg(t, pd, addr+4*4096, 4*4096, verbs.LocalWrite)
 	b.Dereg()
+	if got := vmLck(t); got != base+4*4 {
+		t.Errorf("VmLck %d after replacing by a smaller region, want %d", got, base+4*4)
+	}
+	c.Dereg()
 	if got := vmLck(t); got != base {
 		t.Errorf("VmLck %d after the last Dereg, want %d", got, base)
 	}
@@ -259,46 +259,6 @@ func TestLargeRegionOneEntry(t *testing.T) {
 	mr.Dereg()
 }
 
-// A refused rereg changes nothing, pins included.
-func TestReregFailureKeepsRegion(t *testing.T) {
-	_, pd := open(t, Options{})
-	addr, _ := verbstest.Map(t, 4*4096)
-	mr := reg(t, pd, addr, 2*4096, verbs.LocalWrite)
-	key, base := mr.LKey(), vmLck(t)
-	verbstest.Unmap(t, addr+3*4096, 4096)
-	err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregTranslation, Addr: addr, Length: 4 * 4096})
-	verbstest.WantErrno(t, err, syscall.EFAULT)
-	err = mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess, Access: verbs.OnDemand})
-	verbstest.WantErrno(t, err, syscall.EOPNOTSUPP)
-	if mr.LKey() != key || mr.Length() != 2*4096 || mr.Access() != verbs.LocalWrite || vmLck(t) != base {
-		t.Errorf("region changed: key 0x%x length %d access %s VmLck %d", mr.LKey(), mr.Length(), mr.Access(), vmLck(t))
-	}
-	_, pd2 := open(t, Options{})
-	err = mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregPD, PD: pd2})
-	verbstest.WantErrno(t, err, syscall.EINVAL)
-	if err := mr.Dereg(); err != nil {
-		t.Fatal(err)
-	}
-	err = mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess})
-	verbstest.WantErrno(t, err, syscall.EINVAL)
-}
-
-// With a full pool a rereg keeps its index and gets a new key byte.
-func TestReregFullPool(t *testing.T) {
-	_, pd := open(t, Options{MaxMR: 1})
-	addr, _ := verbstest.Map(t, 4096)
-	mr := reg(t, pd, addr, 4096, 0)
-	for range 20 {
-		key := mr.LKey()
-		if err := mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregAccess, Access: verbs.RemoteRead}); err != nil {
-			t.Fatal(err)
-		}
-		if mr.LKey() == key || mr.LKey()>>8 != 1 {
-			t.Fatalf("key 0x%x -> 0x%x", key, mr.LKey())
-		}
-	}
-}
-
 // Close frees what the kernel frees when the device file closes; the
 // children then answer ENODEV.
 func TestCloseReleases(t *testing.T) {
@@ -331,8 +291,8 @@ func TestCloseReleases(t *testing.T) {
 	reg(t, pd2, addr, 4096, 0)
 }
 
-// Concurrent registrations, reregs and deregs over shared pages leave
-// nothing locked once all are gone.
+// Concurrent registrations, replacements and deregs over shared pages
+// leave nothing locked once all are gone.
 func TestConcurrentOverlap(t *testing.T) {
 	dev, pd := open(t, Options{MaxMR: 32})
 	pd2, err := dev.AllocPD()
@@ -352,13 +312,19 @@ func TestConcurrentOverlap(t *testing.T) {
 					t.Errorf("RegMR: %v", err)
 					return
 				}
-				err = mr.Rereg(verbs.ReregArgs{Flags: verbs.ReregTranslation | verbs.ReregPD,
-					PD: pd2, Addr: addr + uintptr(rng.IntN(8)*4096), Length: uint64(1 + rng.IntN(8*4096))})
+				// Replaced by a region of another range in another PD,
+				// as a resize plus move does.
+				mr2, err := pd2.RegMR(addr+uintptr(rng.IntN(8)*4096), uint64(1+rng.IntN(8*4096)), verbs.LocalWrite)
 				if err != nil {
-					t.Errorf("Rereg: %v", err)
+					t.Errorf("RegMR in pd2: %v", err)
 				}
 				if err := mr.Dereg(); err != nil {
 					t.Errorf("Dereg: %v", err)
+				}
+				if mr2 != nil {
+					if err := mr2.Dereg(); err != nil {
+						t.Errorf("Dereg: %v", err)
+					}
 				}
 			}
 		})

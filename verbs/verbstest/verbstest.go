@@ -35,14 +35,6 @@ type Options struct {
 	// (pinned_vm: real devices), "VmLck" where pages are mlocked (soft).
 	// "" skips the check.
 	PinField string
-	// ReregNewKeys: a successful Rereg always gives new keys (soft; mlx5
-	// when it recreates). Without it the suite only checks keys stay
-	// consistent.
-	ReregNewKeys bool
-	// ReregKeepsOnError: a Rereg refused for bad arguments leaves the
-	// region exactly as it was. Without it the suite only checks that the
-	// region can still be deregistered (ibv_rereg_mr's ERR_CMD).
-	ReregKeepsOnError bool
 	// MaxExhaust is the largest MaxMR the suite fills to check that one
 	// more registration fails; 0 means 4096. Larger devices skip it.
 	MaxExhaust int
@@ -58,7 +50,7 @@ type Options struct {
 // anything else gets only the contract.
 func DefaultOptions(p verbs.Provider) Options {
 	if p.Name() == "soft" {
-		return Options{RxeKeys: true, PinField: "VmLck", ReregNewKeys: true, ReregKeepsOnError: true}
+		return Options{RxeKeys: true, PinField: "VmLck"}
 	}
 	if devs, err := p.Devices(); err == nil && len(devs) > 0 && strings.HasPrefix(devs[0].Name, "rxe") {
 		return RxeOptions()

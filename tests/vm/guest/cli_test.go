@@ -24,10 +24,10 @@ func TestDevicesOnRxe(t *testing.T) {
 				row = f
 			}
 		}
-		// DEVICE BACKEND MAX_MR MAX_MR_SIZE MAX_PD PAGE_SIZE_CAP REREG ACCESS
+		// DEVICE BACKEND MAX_MR MAX_MR_SIZE MAX_PD PAGE_SIZE_CAP ACCESS
 		if len(row) < 7 || row[1] != "rdma" || row[2] != "524287" || row[3] != "0xffffffffffffffff" ||
-			row[4] != "1048576" || row[5] != "0xfffff000" || row[6] != "false" {
-			t.Errorf("mrfs %v: row for %s = %q; want backend rdma, max_mr 524287, max_mr_size 2^64-1, max_pd 1048576, page_size_cap 0xfffff000, rereg false", args, device, row)
+			row[4] != "1048576" || row[5] != "0xfffff000" || !strings.HasPrefix(row[6], "local_write,remote_write,remote_read,remote_atomic") {
+			t.Errorf("mrfs %v: row for %s = %q; want backend rdma, max_mr 524287, max_mr_size 2^64-1, max_pd 1048576, page_size_cap 0xfffff000, access from local_write to remote_atomic", args, device, row)
 		}
 	}
 	out, err := exec.Command(mrfsBin(), "devices", "--backend", "soft").CombinedOutput()
