@@ -1,8 +1,3 @@
-// Package buffer owns the memory behind mrfs files: one memfd per buffer,
-// mapped MAP_SHARED in the daemon, and that mapping registered with a verbs
-// device. It implements the lifecycle rules of DESIGN.md (create, resize,
-// size learned by fstat, access change, move between PDs, unlink,
-// teardown) and the limits, and knows nothing of FUSE.
 package buffer
 
 import (

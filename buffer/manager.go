@@ -1,22 +1,5 @@
 package buffer
 
-// Locking.
-//
-// FUSE requests arrive concurrently, so two mutexes guard the state:
-//
-//   - Buffer.mu guards one buffer: its memfd, mapping, region, size,
-//     access, state and domain.
-//   - Manager.mu guards the sets of buffers and domains, every Domain's
-//     mutable fields (default access, buffer count, closed), the
-//     counters (registered and pinned bytes, regions) and the limit-warning
-//     flags.
-//
-// Lock order: Buffer.mu before Manager.mu, never the reverse. Code holding
-// Manager.mu never takes a Buffer.mu, so Manager.Close snapshots the set,
-// releases Manager.mu, and only then frees each buffer. Verbs calls that
-// register or deregister are made under Buffer.mu only; Manager.mu is held
-// just long enough to check and charge the limits.
-
 import (
 	"errors"
 	"fmt"
