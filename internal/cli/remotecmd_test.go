@@ -15,9 +15,8 @@ import (
 // crudely, so the command runs on the host without a peer. dials counts
 // the connections made.
 type fakeRemote struct {
-	mem       []byte
-	dials     []string // "transport peer dir"
-	transport string
+	mem   []byte
+	dials []string // "transport peer dir"
 }
 
 const fakeIOVA, fakeRKey = 0x1000, 0x1234

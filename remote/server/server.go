@@ -226,7 +226,7 @@ func (s *Server) serve(c net.Conn, resolve remote.Resolver) {
 	defer detach()
 	ops, err := k.loop()
 	switch {
-	case err == nil || errors.Is(err, io.EOF):
+	case errors.Is(err, io.EOF):
 		k.log.Debug("remote: peer disconnected", "ops", ops)
 	case errors.Is(err, net.ErrClosed):
 		k.log.Debug("remote: connection closed by mrfs (rmdir, unmount)", "ops", ops)
