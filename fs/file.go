@@ -10,15 +10,24 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/buffer"
+	"mrfs/tree"
 )
 
-// bufferNode is a regular file: a registered buffer. Its size is the
-// memfd's, learned by buffer.Sync at getattr, getxattr, flush and release.
+// bufferNode is the FUSE inode of a regular file: a registered buffer.
+// Its size is the memfd's, learned by buffer.Sync at getattr, getxattr,
+// flush and release.
 type bufferNode struct {
 	fusefs.Inode
-	metaNode
 	fsys *filesystem
-	buf  *buffer.Buffer // set at creation, never changed
+	f    *tree.File
+	buf  *buffer.Buffer // f's, never changed
+}
+
+// newBufferNode makes f's FUSE node and keeps it in f's Aux slot.
+func newBufferNode(fsys *filesystem, f *tree.File) *bufferNode {
+	n := &bufferNode{fsys: fsys, f: f, buf: f.Buffer()}
+	f.SetAux(n)
+	return n
 }
 
 var (
@@ -42,7 +51,7 @@ func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse
 // still has the memory: fstat and ftruncate through f act on it, as on
 // any unlinked file.
 func (n *bufferNode) orphanFd(f fusefs.FileHandle) int {
-	if h, ok := f.(*passthroughHandle); ok && n.buf.Fd() < 0 {
+	if h, ok := f.(*passthroughHandle); ok && n.f.Unlinked() {
 		return h.fd
 	}
 	return -1
@@ -80,14 +89,14 @@ func (n *bufferNode) flush(writable bool) syscall.Errno {
 }
 
 func (n *bufferNode) fillAttr(out *fuse.Attr) {
-	n.metaNode.fillAttr(out)
+	fillMeta(n.f, out)
 	size := n.buf.Info().Size
 	out.Size = size
 	out.Blocks = (size + 511) / 512
 	out.Blksize = 4096
 	out.Nlink = 1
-	if n.buf.Fd() < 0 {
-		out.Nlink = 0 // unlinked, still open somewhere
+	if n.f.Unlinked() {
+		out.Nlink = 0 // still open somewhere
 	}
 }
 
@@ -109,11 +118,9 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 		if err != nil {
 			return toErrno(n.fsys.log, "truncate", err)
 		}
-		n.touch(true)
+		n.f.Touch(true)
 	}
-	n.mu.Lock()
-	n.meta.setattr(in)
-	n.mu.Unlock()
+	n.f.SetMeta(change(in))
 	n.fillAttr(&out.Attr)
 	n.fillOrphanSize(f, &out.Attr)
 	return 0
@@ -124,7 +131,7 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 		if err := n.buf.Resize(0); err != nil {
 			return nil, 0, toErrno(n.fsys.log, "open O_TRUNC", err)
 		}
-		n.touch(true)
+		n.f.Touch(true)
 	}
 	fh, fuseFlags, err := n.newHandle(flags)
 	if err != nil {
@@ -157,7 +164,7 @@ func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint
 	if err := n.buf.Allocate(off, size, mode); err != nil {
 		return toErrno(n.fsys.log, "fallocate", err)
 	}
-	n.touch(true)
+	n.f.Touch(true)
 	return 0
 }
 

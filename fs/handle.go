@@ -80,6 +80,6 @@ func (h *directHandle) Write(ctx context.Context, data []byte, off int64) (uint3
 	if err != nil {
 		return uint32(n), toErrno(h.node.fsys.log, "write", err)
 	}
-	h.node.touch(true)
+	h.node.f.Touch(true)
 	return uint32(n), 0
 }

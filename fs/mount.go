@@ -4,15 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
-
-	"mrfs/buffer"
 )
 
 // MountOptions are the kernel-facing choices of a mount.
@@ -22,19 +18,17 @@ type MountOptions struct {
 
 // Server is a mounted mrfs.
 type Server struct {
-	srv  *fuse.Server
-	dir  string
-	root *dirNode
+	srv *fuse.Server
+	dir string
 }
 
 // ErrNoPassthrough means the kernel or the daemon's privileges do not
 // allow FUSE passthrough, without which mmap would not be zero copy.
 var ErrNoPassthrough = errors.New("FUSE passthrough unavailable")
 
-// Mount mounts a new tree at dir: the root directory is a new PD with
-// opt.DefaultAccess. With opt.ZeroCopy it refuses to run (and unmounts)
-// when passthrough does not work, since go-fuse would otherwise fall back
-// to the page cache silently.
+// Mount serves opt.Tree at dir. With opt.ZeroCopy it refuses to run (and
+// unmounts) when passthrough does not work, since go-fuse would otherwise
+// fall back to the page cache silently.
 func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	// go-fuse mounts over a regular file too (and a mount on a missing
 	// path fails with a confusing fusermount error): check first.
@@ -43,15 +37,8 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	} else if !st.IsDir() {
 		return nil, fmt.Errorf("mountpoint %s is not a directory: %w", dir, syscall.ENOTDIR)
 	}
-	dom, err := opt.Manager.NewDomain(opt.DefaultAccess)
-	if err != nil {
-		return nil, fmt.Errorf("allocate the root PD: %w", err)
-	}
-	fsys := &filesystem{Options: opt, mgr: opt.Manager, log: opt.Log}
-	// The root belongs to whoever mounts (a non-root user's own mount).
-	owner := &fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}}
-	root := newDirNode(fsys, dom, newMeta(owner, 0o755))
-	root.root = true
+	fsys := &filesystem{Options: opt, mgr: opt.Tree.Manager(), log: opt.Log}
+	root := newDirNode(fsys, opt.Tree.Root())
 	options := &fusefs.Options{
 		// Attribute and entry timeouts stay unset (0): sizes change
 		// behind the kernel's back (writes past EOF via passthrough).
@@ -70,14 +57,12 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	}
 	srv, err := fusefs.Mount(dir, root, options)
 	if err != nil {
-		dom.Close()
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
-	s := &Server{srv: srv, dir: dir, root: root}
+	s := &Server{srv: srv, dir: dir}
 	if opt.ZeroCopy {
 		if err := probePassthrough(srv); err != nil {
 			s.Unmount()
-			dom.Close()
 			return nil, err
 		}
 	}
@@ -101,30 +86,6 @@ func probePassthrough(srv *fuse.Server) error {
 	}
 	srv.UnregisterBackingFd(id)
 	return nil
-}
-
-// Domain returns the protection domain of the directory at path, relative
-// to the mount's root ("/" or "" is the root): what a remote peer names to
-// get a queue pair in that PD. ENOENT or ENOTDIR when there is no such
-// directory.
-func (s *Server) Domain(path string) (*buffer.Domain, error) {
-	s.root.fsys.treeMu.RLock()
-	defer s.root.fsys.treeMu.RUnlock()
-	d := s.root
-	for _, name := range strings.Split(strings.Trim(filepath.Clean("/"+path), "/"), "/") {
-		if name == "" {
-			continue
-		}
-		child := d.entries[name]
-		if child == nil {
-			return nil, fmt.Errorf("no directory %q in the mount: %w", path, syscall.ENOENT)
-		}
-		var ok bool
-		if d, ok = child.(*dirNode); !ok {
-			return nil, fmt.Errorf("%q is not a directory: %w", path, syscall.ENOTDIR)
-		}
-	}
-	return d.dom, nil
 }
 
 // Wait returns when the filesystem is unmounted (also from outside, by

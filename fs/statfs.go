@@ -15,9 +15,9 @@ const statfsBlock = 4096
 
 // Statfs reports the pinning budget as the filesystem's size, so `df`
 // shows how much more can be registered, and max_buffers as its inodes.
-func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	st := d.fsys.mgr.Stats()
-	opt := d.fsys.mgr.Options()
+func (n *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	st := n.fsys.mgr.Stats()
+	opt := n.fsys.mgr.Options()
 	total := opt.MaxPinned
 	if ml := verbs.MemlockLimit(); ml != 0 && (total == 0 || ml < total) {
 		total = ml

@@ -11,6 +11,7 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 
 	"mrfs/buffer"
+	"mrfs/tree"
 	"mrfs/verbs"
 )
 
@@ -133,20 +134,20 @@ func boolString(b bool) string {
 	return "0"
 }
 
-func (d *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
+func (n *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
 	switch name {
 	case xattrPD:
-		return []byte(strconv.FormatUint(uint64(d.dom.PD()), 10)), 0
+		return []byte(strconv.FormatUint(uint64(n.dir.Domain().PD()), 10)), 0
 	case xattrDevice:
-		return []byte(d.fsys.mgr.Device().Name()), 0
+		return []byte(n.fsys.mgr.Device().Name()), 0
 	case xattrDefaultAccess:
-		return []byte(d.dom.DefaultAccess().String()), 0
+		return []byte(n.dir.Domain().DefaultAccess().String()), 0
 	case xattrStats:
-		if d.root {
-			return d.fsys.statsJSON(), 0
+		if n.dir.IsRoot() {
+			return n.fsys.statsJSON(), 0
 		}
 	case xattrRemote:
-		return []byte(d.remote()), 0
+		return []byte(n.remote()), 0
 	}
 	return nil, syscall.ENODATA
 }
@@ -155,15 +156,15 @@ func (d *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
 // the address and the directory a peer names in its hello, e.g.
 // "tcp 127.0.0.1:7471 /tenant". The directory comes last so that a
 // script may split on the first two spaces whatever the name holds.
-func (d *dirNode) remote() string {
+func (n *dirNode) remote() string {
 	where := ""
-	if d.fsys.Remote != nil {
-		where = d.fsys.Remote()
+	if n.fsys.Remote != nil {
+		where = n.fsys.Remote()
 	}
 	if where == "" {
 		return "off"
 	}
-	return where + " /" + d.Path(nil)
+	return where + " " + n.dir.Path()
 }
 
 // getxattr answers with the value, or with its size when dest is too
@@ -194,8 +195,8 @@ func (n *bufferNode) Getxattr(ctx context.Context, attr string, dest []byte) (ui
 	return getxattr(dest, v)
 }
 
-func (d *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	v, errno := d.dirXattr(attr)
+func (n *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	v, errno := n.dirXattr(attr)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -218,8 +219,8 @@ func (n *bufferNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscal
 	return listxattr(dest, names)
 }
 
-func (d *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	if d.root {
+func (n *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	if n.dir.IsRoot() {
 		return listxattr(dest, rootXattrs)
 	}
 	return listxattr(dest, dirXattrs)
@@ -238,7 +239,7 @@ func setxattrCheck(name string) syscall.Errno {
 // setAccessXattr sets the one kind of settable attribute, an access list
 // (a file's access, a directory's default_access), through set. Any
 // other name is refused as setxattrCheck says.
-func setAccessXattr(fsys *filesystem, m *metaNode, attr, settable string, data []byte, flags uint32, set func(verbs.Access) error) syscall.Errno {
+func setAccessXattr(fsys *filesystem, m tree.Node, attr, settable string, data []byte, flags uint32, set func(verbs.Access) error) syscall.Errno {
 	if attr != settable {
 		return setxattrCheck(attr)
 	}
@@ -252,16 +253,16 @@ func setAccessXattr(fsys *filesystem, m *metaNode, attr, settable string, data [
 	if err != nil {
 		return toErrno(fsys.log, "set "+strings.TrimPrefix(attr, xattrPrefix), err)
 	}
-	m.touch(false)
+	m.Touch(false)
 	return 0
 }
 
 func (n *bufferNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return setAccessXattr(n.fsys, &n.metaNode, attr, xattrAccess, data, flags, n.buf.SetAccess)
+	return setAccessXattr(n.fsys, n.f, attr, xattrAccess, data, flags, n.buf.SetAccess)
 }
 
-func (d *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return setAccessXattr(d.fsys, &d.metaNode, attr, xattrDefaultAccess, data, flags, d.dom.SetDefaultAccess)
+func (n *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return setAccessXattr(n.fsys, n.dir, attr, xattrDefaultAccess, data, flags, n.dir.Domain().SetDefaultAccess)
 }
 
 // Removexattr: mrfs's attributes always exist and cannot be removed;
@@ -270,7 +271,7 @@ func (n *bufferNode) Removexattr(ctx context.Context, attr string) syscall.Errno
 	return removexattrErrno(attr)
 }
 
-func (d *dirNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+func (n *dirNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	return removexattrErrno(attr)
 }
 

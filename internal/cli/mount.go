@@ -13,6 +13,7 @@ import (
 	"mrfs/buffer"
 	"mrfs/fs"
 	"mrfs/internal/config"
+	"mrfs/tree"
 )
 
 func cmdMount(args []string, stderr io.Writer) error {
@@ -65,16 +66,23 @@ func cmdMount(args []string, stderr io.Writer) error {
 		MaxPinned:  uint64(cfg.Buffers.MaxPinned),
 		Allowed:    cfg.Buffers.AllowedAccess,
 	}, log)
-	srv, err := fs.Mount(dir, fs.Options{
-		Manager:       mgr,
-		Backend:       prov.Name(),
-		ZeroCopy:      cfg.Mount.ZeroCopy,
-		Umask:         cfg.Mount.Umask,
+	// The root belongs to whoever mounts (a non-root user's own mount).
+	tr, err := tree.New(mgr, tree.Options{
 		DefaultSize:   uint64(cfg.Buffers.DefaultSize),
 		DefaultAccess: cfg.Buffers.DefaultAccess,
+		Umask:         cfg.Mount.Umask,
 		Log:           log,
-		Remote:        remote.Where,
-	}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther})
+	}, cfg.Buffers.DefaultAccess, tree.Owner{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}, 0o755)
+	var srv *fs.Server
+	if err == nil {
+		srv, err = fs.Mount(dir, fs.Options{
+			Tree:     tr,
+			Backend:  prov.Name(),
+			ZeroCopy: cfg.Mount.ZeroCopy,
+			Log:      log,
+			Remote:   remote.Where,
+		}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther})
+	}
 	if err != nil {
 		remote.Close()
 		mgr.Close()
@@ -96,7 +104,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 		close(unmounted)
 	}()
 	var errs []error
-	if err := remote.start(srv.Domain); err != nil {
+	if err := remote.start(tr.Domain); err != nil {
 		errs = append(errs, err)
 	} else {
 		select {

@@ -1,0 +1,491 @@
+// Package tree is mrfs's namespace, independent of FUSE: directories,
+// each a protection domain (buffer.Domain), holding named buffer files
+// (buffer.Buffer) and subdirectories, with the rules of DESIGN.md for
+// creating, removing and renaming them and the POSIX metadata they carry.
+//
+// The rules that live here:
+//   - a directory is one PD: Mkdir allocates it, Rmdir deallocates it and
+//     refuses (ENOTEMPTY) while it holds anything;
+//   - Unlink deregisters the buffer at once (remote access ends) and frees
+//     it; a client that still has it open keeps its pages;
+//   - Rename within a directory only renames; a buffer moved to another
+//     directory is re-registered in that directory's PD first; an entry
+//     renamed over is freed last, so a failure changes nothing;
+//   - the creator's mode is masked by Options.Umask (key secrecy), and
+//     set-id bits are never stored.
+//
+// fs/ translates kernel requests into these calls and keeps its FUSE
+// inode in each node's Aux slot; remote/ resolves the directory a peer
+// names with Tree.Domain.
+//
+// # Locking
+//
+// Tree.mu guards the namespace: every Dir's entries, and every node's
+// parent and name. node.mu guards one node's metadata. Lock order:
+// Tree.mu, then node.mu, then the buffer package's locks (Buffer.mu,
+// Manager.mu); never the reverse, so no code holding a node or buffer
+// lock looks up names. Registration (Create) runs without Tree.mu;
+// Unlink, Rmdir and Rename hold it for writing across their verbs calls,
+// so that no lookup sees a half-made change.
+package tree
+
+import (
+	"fmt"
+	"log/slog"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"mrfs/buffer"
+	"mrfs/verbs"
+)
+
+// MaxNameLen is NAME_MAX: the longest name of an entry, in bytes.
+const MaxNameLen = 255
+
+// Options are the namespace's policy.
+type Options struct {
+	// DefaultSize is the size a new file gets, registered at once when
+	// non-zero.
+	DefaultSize uint64
+	// DefaultAccess is the default_access of a new directory.
+	DefaultAccess verbs.Access
+	// Umask is applied to the mode a creator asks for.
+	Umask uint32
+	// Log takes what a user must hear of (nil: discarded).
+	Log *slog.Logger
+}
+
+// Tree is the namespace of one mount.
+type Tree struct {
+	mgr  *buffer.Manager
+	opt  Options
+	log  *slog.Logger
+	root *Dir
+
+	// guards: every Dir's entries, every node's parent and name.
+	mu sync.RWMutex
+}
+
+// Owner is who creates a node.
+type Owner struct{ UID, GID uint32 }
+
+// New makes a tree whose root is a new PD with rootAccess as its
+// default access, owned by owner with mode rootMode.
+func New(mgr *buffer.Manager, opt Options, rootAccess verbs.Access, owner Owner, rootMode uint32) (*Tree, error) {
+	dom, err := mgr.NewDomain(rootAccess)
+	if err != nil {
+		return nil, fmt.Errorf("allocate the root PD: %w", err)
+	}
+	t := &Tree{mgr: mgr, opt: opt, log: opt.Log}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	t.root = t.newDir(dom, newMeta(owner, rootMode&0o7777))
+	return t, nil
+}
+
+// Root is the mount's root directory, the default PD.
+func (t *Tree) Root() *Dir { return t.root }
+
+// Manager is the buffer manager the tree's buffers belong to.
+func (t *Tree) Manager() *buffer.Manager { return t.mgr }
+
+// Node is a *Dir or a *File.
+type Node interface {
+	// Aux is what the front end stored with SetAux (fs: its FUSE inode).
+	Aux() any
+	// Meta is a snapshot of the node's metadata.
+	Meta() Meta
+	// SetMeta applies a SETATTR's metadata part.
+	SetMeta(c Change)
+	// Touch marks a change (see node.Touch).
+	Touch(modified bool)
+	base() *node
+}
+
+// node is what directories and files share.
+type node struct {
+	parent *Dir   // guarded by Tree.mu; nil for the root and once removed
+	name   string // guarded by Tree.mu
+	aux    any    // set once, before the node is published
+
+	mu   sync.Mutex // guards: meta
+	meta Meta
+}
+
+func (n *node) base() *node { return n }
+
+// Aux is the front end's slot.
+func (n *node) Aux() any { return n.aux }
+
+// SetAux stores the front end's object for the node. Call it once,
+// before anyone can look the node up: in the prepare function of Create
+// or Mkdir, or on the root before serving.
+func (n *node) SetAux(v any) { n.aux = v }
+
+// Dir is a directory, and so a protection domain.
+type Dir struct {
+	node
+	t       *Tree
+	dom     *buffer.Domain
+	entries map[string]Node // guarded by t.mu
+}
+
+// File is a regular file: a registered buffer.
+type File struct {
+	node
+	buf      *buffer.Buffer // set at creation, never changed
+	unlinked atomic.Bool
+}
+
+var (
+	_ Node = (*Dir)(nil)
+	_ Node = (*File)(nil)
+)
+
+func (t *Tree) newDir(dom *buffer.Domain, m Meta) *Dir {
+	d := &Dir{t: t, dom: dom, entries: map[string]Node{}}
+	d.meta = m
+	return d
+}
+
+// Domain is the directory's protection domain.
+func (d *Dir) Domain() *buffer.Domain { return d.dom }
+
+// IsRoot reports whether d is the mount's root.
+func (d *Dir) IsRoot() bool { return d == d.t.root }
+
+// Buffer is the file's buffer.
+func (f *File) Buffer() *buffer.Buffer { return f.buf }
+
+// Unlinked reports whether the file was removed from the namespace (by
+// unlink or by a rename over it); something may still hold it open.
+func (f *File) Unlinked() bool { return f.unlinked.Load() }
+
+// Path is the directory's path from the mount's root, "/" for the root.
+// A removed directory answers its last path.
+func (d *Dir) Path() string {
+	d.t.mu.RLock()
+	defer d.t.mu.RUnlock()
+	var parts []string
+	for n := d; n.parent != nil; n = n.parent {
+		parts = append(parts, n.name)
+	}
+	var b strings.Builder
+	for i := len(parts) - 1; i >= 0; i-- {
+		b.WriteString("/" + parts[i])
+	}
+	if b.Len() == 0 {
+		return "/"
+	}
+	return b.String()
+}
+
+// checkName refuses names the namespace cannot hold.
+func checkName(name string) error {
+	switch {
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("name of %d bytes (NAME_MAX is %d): %w", len(name), MaxNameLen, syscall.ENAMETOOLONG)
+	case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("invalid name %q: %w", name, syscall.EINVAL)
+	}
+	return nil
+}
+
+// Lookup finds name in d: ENOENT when there is none.
+func (d *Dir) Lookup(name string) (Node, error) {
+	d.t.mu.RLock()
+	defer d.t.mu.RUnlock()
+	if n := d.entries[name]; n != nil {
+		return n, nil
+	}
+	return nil, fmt.Errorf("%q: %w", name, syscall.ENOENT)
+}
+
+// Entry is one name of a directory listing.
+type Entry struct {
+	Name string
+	Node Node
+}
+
+// Entries lists d sorted by name.
+func (d *Dir) Entries() []Entry {
+	d.t.mu.RLock()
+	list := make([]Entry, 0, len(d.entries))
+	for name, n := range d.entries {
+		list = append(list, Entry{name, n})
+	}
+	d.t.mu.RUnlock()
+	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
+	return list
+}
+
+// Create makes a file name in d: a buffer of Options.DefaultSize in d's
+// PD with d's default access, owned by owner, with mode masked by the
+// umask. prepare runs before the file is published (it may SetAux and
+// open the file); if it fails, or name exists by then (EEXIST), the
+// buffer is freed and nothing is left behind.
+func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) error) (*File, error) {
+	if err := checkName(name); err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	// Registration can take long: it happens outside the tree lock.
+	buf, err := d.t.mgr.Create(d.dom, d.t.opt.DefaultSize)
+	if err != nil {
+		return nil, fmt.Errorf("create %q: %w", name, err)
+	}
+	f := &File{buf: buf}
+	f.meta = newMeta(owner, d.t.perm(mode))
+	if prepare != nil {
+		err = prepare(f)
+	}
+	if err == nil {
+		err = d.link(name, f)
+	}
+	if err != nil {
+		if ferr := buf.Free(); ferr != nil {
+			err = fmt.Errorf("%w (and freeing the new buffer: %w)", err, ferr)
+		}
+		return nil, fmt.Errorf("create %q: %w", name, err)
+	}
+	d.Touch(true)
+	return f, nil
+}
+
+// link publishes n under name, unless the name was taken meanwhile.
+func (d *Dir) link(name string, n Node) error {
+	d.t.mu.Lock()
+	defer d.t.mu.Unlock()
+	if d.entries[name] != nil {
+		return fmt.Errorf("%q exists: %w", name, syscall.EEXIST)
+	}
+	d.entries[name] = n
+	b := n.base()
+	b.parent, b.name = d, name
+	return nil
+}
+
+// Mkdir makes a directory name in d: a new PD whose files get
+// Options.DefaultAccess. prepare runs before the directory is published,
+// as in Create.
+func (d *Dir) Mkdir(name string, owner Owner, mode uint32, prepare func(*Dir)) (*Dir, error) {
+	if err := checkName(name); err != nil {
+		return nil, fmt.Errorf("mkdir: %w", err)
+	}
+	dom, err := d.t.mgr.NewDomain(d.t.opt.DefaultAccess)
+	if err != nil {
+		return nil, fmt.Errorf("mkdir %q: %w", name, err)
+	}
+	sub := d.t.newDir(dom, newMeta(owner, d.t.perm(mode)))
+	if prepare != nil {
+		prepare(sub)
+	}
+	if err := d.link(name, sub); err != nil {
+		if cerr := dom.Close(); cerr != nil {
+			err = fmt.Errorf("%w (and deallocating the new PD: %w)", err, cerr)
+		}
+		return nil, fmt.Errorf("mkdir %q: %w", name, err)
+	}
+	d.Touch(true)
+	return sub, nil
+}
+
+// Rmdir removes the empty directory name and deallocates its PD (remote
+// peers attached to it are disconnected first): ENOENT, ENOTDIR, or
+// ENOTEMPTY while it holds anything.
+func (d *Dir) Rmdir(name string) error {
+	d.t.mu.Lock()
+	defer d.t.mu.Unlock()
+	n := d.entries[name]
+	sub, ok := n.(*Dir)
+	switch {
+	case n == nil:
+		return fmt.Errorf("rmdir %q: %w", name, syscall.ENOENT)
+	case !ok:
+		return fmt.Errorf("rmdir %q: %w", name, syscall.ENOTDIR)
+	case len(sub.entries) > 0:
+		return fmt.Errorf("rmdir %q: %w", name, syscall.ENOTEMPTY)
+	}
+	if err := sub.dom.Close(); err != nil {
+		return fmt.Errorf("rmdir %q: %w", name, err)
+	}
+	d.removeLocked(name)
+	d.Touch(true)
+	return nil
+}
+
+// Unlink removes the file name: its region is deregistered at once, then
+// the buffer freed; a client that has it open or mapped keeps its pages
+// until it lets go. ENOENT, or EISDIR for a directory.
+func (d *Dir) Unlink(name string) error {
+	d.t.mu.Lock()
+	defer d.t.mu.Unlock()
+	n := d.entries[name]
+	f, ok := n.(*File)
+	switch {
+	case n == nil:
+		return fmt.Errorf("unlink %q: %w", name, syscall.ENOENT)
+	case !ok:
+		return fmt.Errorf("unlink %q: %w", name, syscall.EISDIR)
+	}
+	if err := f.buf.Free(); err != nil {
+		return fmt.Errorf("unlink %q: %w", name, err)
+	}
+	f.unlinked.Store(true)
+	d.removeLocked(name)
+	d.Touch(true)
+	return nil
+}
+
+// removeLocked drops name from d. Callers hold t.mu for writing.
+func (d *Dir) removeLocked(name string) {
+	if n := d.entries[name]; n != nil {
+		n.base().parent = nil
+	}
+	delete(d.entries, name)
+}
+
+// The flags of renameat2 that Rename takes.
+const (
+	RenameNoReplace = 1 << 0 // RENAME_NOREPLACE
+	RenameExchange  = 1 << 1 // RENAME_EXCHANGE
+)
+
+// Rename moves name in d to newName in dst. A file moved to another
+// directory is re-registered in that directory's PD (register there,
+// then deregister the old region: keys change) before anything else
+// changes; an entry renamed over is released last (a file freed as
+// Unlink does, an empty directory's PD deallocated). So a failure
+// changes nothing. RENAME_EXCHANGE swaps two entries of the same PD;
+// exchanging a file between PDs is EINVAL (two moves that could each
+// fail halfway). The kernel itself refuses moving a directory into its
+// own subtree.
+func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error {
+	if err := checkName(newName); err != nil {
+		return fmt.Errorf("rename: %w", err)
+	}
+	if dst.t != d.t {
+		return fmt.Errorf("rename to another mount: %w", syscall.EXDEV)
+	}
+	t := d.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	src := d.entries[name]
+	if src == nil {
+		return fmt.Errorf("rename %q: %w", name, syscall.ENOENT)
+	}
+	old := dst.entries[newName]
+	if old == src {
+		return nil
+	}
+	_, srcIsDir := src.(*Dir)
+	switch {
+	case flags&RenameExchange != 0:
+		if flags&^RenameExchange != 0 {
+			return fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
+		}
+		if old == nil {
+			return fmt.Errorf("exchange %q with %q: %w", name, newName, syscall.ENOENT)
+		}
+		_, srcFile := src.(*File)
+		_, oldFile := old.(*File)
+		if d.dom != dst.dom && (srcFile || oldFile) {
+			return fmt.Errorf("exchange %q and %q between PDs %d and %d: %w", name, newName, d.dom.PD(), dst.dom.PD(), syscall.EINVAL)
+		}
+		d.entries[name], dst.entries[newName] = old, src
+		old.base().parent, old.base().name = d, name
+		src.base().parent, src.base().name = dst, newName
+		d.Touch(true)
+		dst.Touch(true)
+		return nil
+	case flags&^RenameNoReplace != 0:
+		return fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
+	case flags&RenameNoReplace != 0 && old != nil:
+		return fmt.Errorf("rename %q: %q exists: %w", name, newName, syscall.EEXIST)
+	}
+
+	switch o := old.(type) {
+	case *File:
+		if srcIsDir {
+			return fmt.Errorf("rename directory %q over file %q: %w", name, newName, syscall.ENOTDIR)
+		}
+	case *Dir:
+		if !srcIsDir {
+			return fmt.Errorf("rename file %q over directory %q: %w", name, newName, syscall.EISDIR)
+		}
+		if len(o.entries) > 0 {
+			return fmt.Errorf("rename %q over %q: %w", name, newName, syscall.ENOTEMPTY)
+		}
+	}
+	if f, ok := src.(*File); ok && d.dom != dst.dom {
+		if err := f.buf.Move(dst.dom); err != nil {
+			return fmt.Errorf("move %q to pd %d: %w", name, dst.dom.PD(), err)
+		}
+	}
+	if old != nil {
+		var err error
+		switch o := old.(type) {
+		case *File:
+			if err = o.buf.Free(); err == nil {
+				o.unlinked.Store(true)
+			}
+		case *Dir:
+			err = o.dom.Close()
+		}
+		if err != nil {
+			// The move (if any) already happened; the replaced entry
+			// could not be released, which leaves it to teardown.
+			t.log.Error("rename: releasing the replaced entry failed", "name", newName, "err", err)
+		}
+		dst.removeLocked(newName)
+	}
+	delete(d.entries, name)
+	dst.entries[newName] = src
+	src.base().parent, src.base().name = dst, newName
+	d.Touch(true)
+	dst.Touch(true)
+	return nil
+}
+
+// Resolve finds the directory at p, relative to the mount's root ("/" or
+// "" is the root): ENOENT or ENOTDIR when there is none.
+func (t *Tree) Resolve(p string) (*Dir, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	d := t.root
+	for _, name := range strings.Split(strings.Trim(path.Clean("/"+p), "/"), "/") {
+		if name == "" {
+			continue
+		}
+		n := d.entries[name]
+		if n == nil {
+			return nil, fmt.Errorf("no directory %q in the mount: %w", p, syscall.ENOENT)
+		}
+		var ok bool
+		if d, ok = n.(*Dir); !ok {
+			return nil, fmt.Errorf("%q is not a directory: %w", p, syscall.ENOTDIR)
+		}
+	}
+	return d, nil
+}
+
+// Domain is the protection domain of the directory at p (Resolve): what
+// a remote peer names to get a queue pair in that PD.
+func (t *Tree) Domain(p string) (*buffer.Domain, error) {
+	d, err := t.Resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	return d.dom, nil
+}
+
+// perm is the mode a creator gets: permission bits, masked by the umask.
+func (t *Tree) perm(mode uint32) uint32 { return mode & 0o777 &^ t.opt.Umask }
+
+// now is the clock of every time stamp, for tests.
+var now = time.Now

@@ -1,0 +1,437 @@
+package tree_test
+
+import (
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"mrfs/buffer"
+	"mrfs/tree"
+	"mrfs/verbs"
+	"mrfs/verbs/soft"
+)
+
+const page = 4096
+
+const allRemote = verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead | verbs.RemoteAtomic
+
+// newTree makes a tree on a fresh soft device whose new files get size
+// bytes and every remote access, so the responder can tell which PD a
+// buffer is registered in. maxMR 0 is rxe's.
+func newTree(t *testing.T, size uint64, maxMR int) *tree.Tree {
+	t.Helper()
+	dev, err := soft.New(soft.Options{MaxMR: maxMR}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := buffer.NewManager(dev, buffer.Options{Allowed: allRemote}, nil)
+	tr, err := tree.New(mgr, tree.Options{DefaultSize: size, DefaultAccess: allRemote, Umask: 0o022},
+		allRemote, tree.Owner{UID: 7, GID: 8}, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := mgr.Close(); err != nil {
+			t.Errorf("manager Close: %v", err)
+		}
+		if st := mgr.Stats(); st.Buffers != 0 || st.PDs != 0 || st.PinnedBytes != 0 {
+			t.Errorf("after Close: %+v", st)
+		}
+		dev.Close()
+	})
+	return tr
+}
+
+func wantErrno(t *testing.T, err error, want syscall.Errno, what string) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Errorf("%s: %v, want %s", what, err, want)
+	}
+}
+
+func create(t *testing.T, d *tree.Dir, name string) *tree.File {
+	t.Helper()
+	f, err := d.Create(name, tree.Owner{}, 0o644, nil)
+	if err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	return f
+}
+
+func mkdir(t *testing.T, d *tree.Dir, name string) *tree.Dir {
+	t.Helper()
+	sub, err := d.Mkdir(name, tree.Owner{}, 0o755, nil)
+	if err != nil {
+		t.Fatalf("mkdir %s: %v", name, err)
+	}
+	return sub
+}
+
+func names(d *tree.Dir) string {
+	var s []string
+	for _, e := range d.Entries() {
+		s = append(s, e.Name)
+	}
+	return strings.Join(s, ",")
+}
+
+// reaches says whether a peer with a queue pair in d's PD can WRITE to
+// f's buffer with its current keys: the NIC's PD check, not bookkeeping.
+func reaches(t *testing.T, d *tree.Dir, f *tree.File) bool {
+	t.Helper()
+	r := d.Domain().VerbsPD().(verbs.ResponderPD).Responder()
+	in := f.Buffer().Info()
+	switch st := r.Write(uint64(in.Addr), in.RKey, []byte{1}); st {
+	case verbs.WCSuccess:
+		return true
+	case verbs.WCRemAccessErr:
+		return false
+	default:
+		t.Fatalf("WRITE: %v", st)
+		return false
+	}
+}
+
+func TestCreateLookupEntries(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	var prepared *tree.File
+	f, err := root.Create("b", tree.Owner{UID: 1, GID: 2}, 0o4777, func(f *tree.File) error {
+		prepared = f
+		f.SetAux("inode of b")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prepared != f || f.Aux() != "inode of b" {
+		t.Errorf("prepare saw %p, Aux %v", prepared, f.Aux())
+	}
+	if m := f.Meta(); m.Mode != 0o755 || m.UID != 1 || m.GID != 2 {
+		t.Errorf("meta %+v: want mode 0755 (umask 022, no set-id), owner 1:2", m)
+	}
+	if in := f.Buffer().Info(); in.State != buffer.Registered || in.Size != page || in.PD != root.Domain().PD() || in.Access != allRemote {
+		t.Errorf("new buffer %+v", in)
+	}
+	create(t, root, "a")
+	mkdir(t, root, "c")
+	if got := names(root); got != "a,b,c" {
+		t.Errorf("entries %q", got)
+	}
+	if n, err := root.Lookup("b"); err != nil || n != tree.Node(f) {
+		t.Errorf("Lookup b: %v, %v", n, err)
+	}
+	_, err = root.Lookup("x")
+	wantErrno(t, err, syscall.ENOENT, "lookup of a missing name")
+
+	before := tr.Manager().Stats()
+	_, err = root.Create("b", tree.Owner{}, 0o644, nil)
+	wantErrno(t, err, syscall.EEXIST, "create over an existing name")
+	_, err = root.Create(strings.Repeat("n", tree.MaxNameLen+1), tree.Owner{}, 0o644, nil)
+	wantErrno(t, err, syscall.ENAMETOOLONG, "create with a 256-byte name")
+	_, err = root.Create("p", tree.Owner{}, 0o644, func(*tree.File) error { return syscall.EMFILE })
+	wantErrno(t, err, syscall.EMFILE, "create whose prepare fails")
+	_, err = root.Mkdir("c", tree.Owner{}, 0o755, nil)
+	wantErrno(t, err, syscall.EEXIST, "mkdir over an existing name")
+	if after := tr.Manager().Stats(); after != before {
+		t.Errorf("failed creates left something: %+v, was %+v", after, before)
+	}
+	if got := names(root); got != "a,b,c" {
+		t.Errorf("entries after failures %q", got)
+	}
+}
+
+func TestMkdirIsAPD(t *testing.T) {
+	tr := newTree(t, page, 0)
+	sub := mkdir(t, tr.Root(), "tenant")
+	if sub.Domain().PD() == tr.Root().Domain().PD() {
+		t.Fatal("a new directory shares its parent's PD")
+	}
+	if a := sub.Domain().DefaultAccess(); a != allRemote {
+		t.Errorf("default access %s", a)
+	}
+	f := create(t, sub, "b")
+	if f.Buffer().Info().PD != sub.Domain().PD() {
+		t.Errorf("file in pd %d, want %d", f.Buffer().Info().PD, sub.Domain().PD())
+	}
+	if !reaches(t, sub, f) || reaches(t, tr.Root(), f) {
+		t.Error("a buffer must be reachable from its own PD only")
+	}
+	if st := tr.Manager().Stats(); st.PDs != 2 {
+		t.Errorf("PDs %d, want 2", st.PDs)
+	}
+}
+
+func TestRmdir(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	sub := mkdir(t, root, "d")
+	create(t, root, "f")
+	create(t, sub, "inner")
+	wantErrno(t, root.Rmdir("nope"), syscall.ENOENT, "rmdir of a missing name")
+	wantErrno(t, root.Rmdir("f"), syscall.ENOTDIR, "rmdir of a file")
+	wantErrno(t, root.Rmdir("d"), syscall.ENOTEMPTY, "rmdir of a directory with a file")
+	if err := sub.Unlink("inner"); err != nil {
+		t.Fatal(err)
+	}
+	if err := root.Rmdir("d"); err != nil {
+		t.Fatalf("rmdir of an empty directory: %v", err)
+	}
+	if st := tr.Manager().Stats(); st.PDs != 1 {
+		t.Errorf("PDs %d after rmdir, want 1: the PD was not deallocated", st.PDs)
+	}
+	_, err := tr.Resolve("/d")
+	wantErrno(t, err, syscall.ENOENT, "resolve of a removed directory")
+}
+
+func TestUnlink(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	f := create(t, root, "f")
+	mkdir(t, root, "d")
+	wantErrno(t, root.Unlink("nope"), syscall.ENOENT, "unlink of a missing name")
+	wantErrno(t, root.Unlink("d"), syscall.EISDIR, "unlink of a directory")
+	if !reaches(t, root, f) {
+		t.Fatal("a registered buffer is not reachable")
+	}
+	in := f.Buffer().Info()
+	if err := root.Unlink("f"); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Unlinked() {
+		t.Error("Unlinked false after unlink")
+	}
+	r := root.Domain().VerbsPD().(verbs.ResponderPD).Responder()
+	if st := r.Write(uint64(in.Addr), in.RKey, []byte{1}); st != verbs.WCRemAccessErr {
+		t.Errorf("WRITE with the keys of an unlinked file: %v, want REM_ACCESS_ERR", st)
+	}
+	if st := tr.Manager().Stats(); st.Buffers != 0 || st.PinnedBytes != 0 {
+		t.Errorf("after unlink %+v", st)
+	}
+	if got := names(root); got != "d" {
+		t.Errorf("entries %q", got)
+	}
+}
+
+// A rename within a directory only renames: same region, same keys.
+func TestRenameWithinDirectory(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	f := create(t, root, "a")
+	before := f.Buffer().Info()
+	if err := root.Rename("a", root, "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if after := f.Buffer().Info(); after != before {
+		t.Errorf("rename within a directory changed the buffer: %+v, was %+v", after, before)
+	}
+	if got := names(root); got != "b" {
+		t.Errorf("entries %q", got)
+	}
+}
+
+// A move to another directory re-registers in that directory's PD: a
+// peer of the new PD reaches the buffer, one of the old PD does not.
+func TestRenameMovesAcrossPDs(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	dst := mkdir(t, root, "dst")
+	f := create(t, root, "f")
+	before := f.Buffer().Info()
+	if err := root.Rename("f", dst, "g", 0); err != nil {
+		t.Fatal(err)
+	}
+	after := f.Buffer().Info()
+	if after.PD != dst.Domain().PD() || after.RKey == before.RKey || after.State != buffer.Registered {
+		t.Errorf("after the move %+v, was %+v", after, before)
+	}
+	if !reaches(t, dst, f) {
+		t.Error("a peer in the new PD cannot reach the moved buffer")
+	}
+	if reaches(t, root, f) {
+		t.Error("a peer in the old PD reaches the moved buffer")
+	}
+	if names(root) != "dst" || names(dst) != "g" {
+		t.Errorf("entries %q and %q", names(root), names(dst))
+	}
+	wantErrno(t, root.Rmdir("dst"), syscall.ENOTEMPTY, "rmdir of the move's target")
+}
+
+// A move that cannot register in the new PD changes nothing.
+func TestRenameFailedMoveChangesNothing(t *testing.T) {
+	tr := newTree(t, page, 1) // max_mr 1: the move's new region is refused
+	root := tr.Root()
+	dst := mkdir(t, root, "dst")
+	f := create(t, root, "f")
+	before := f.Buffer().Info()
+	wantErrno(t, root.Rename("f", dst, "f", 0), syscall.EINVAL, "move with the device's regions exhausted")
+	if after := f.Buffer().Info(); after != before {
+		t.Errorf("failed move changed the buffer: %+v, was %+v", after, before)
+	}
+	if names(root) != "dst,f" || names(dst) != "" {
+		t.Errorf("entries %q and %q", names(root), names(dst))
+	}
+	if !reaches(t, root, f) {
+		t.Error("the buffer left its PD")
+	}
+}
+
+// Renaming over a file frees it; over a directory needs it empty and
+// deallocates its PD.
+func TestRenameOver(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	a := create(t, root, "a")
+	b := create(t, root, "b")
+	bIn := b.Buffer().Info()
+	if err := root.Rename("a", root, "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Unlinked() || a.Unlinked() {
+		t.Errorf("unlinked: replaced %v, moved %v", b.Unlinked(), a.Unlinked())
+	}
+	r := root.Domain().VerbsPD().(verbs.ResponderPD).Responder()
+	if st := r.Write(uint64(bIn.Addr), bIn.RKey, []byte{1}); st != verbs.WCRemAccessErr {
+		t.Errorf("WRITE to the replaced buffer: %v, want REM_ACCESS_ERR", st)
+	}
+	if st := tr.Manager().Stats(); st.Buffers != 1 {
+		t.Errorf("buffers %d after rename over, want 1", st.Buffers)
+	}
+	if n, _ := root.Lookup("b"); n != tree.Node(a) {
+		t.Error("b is not the renamed file")
+	}
+
+	d1 := mkdir(t, root, "d1")
+	d2 := mkdir(t, root, "d2")
+	create(t, d2, "x")
+	wantErrno(t, root.Rename("b", root, "d1", 0), syscall.EISDIR, "file over a directory")
+	wantErrno(t, root.Rename("d1", root, "b", 0), syscall.ENOTDIR, "directory over a file")
+	wantErrno(t, root.Rename("d1", root, "d2", 0), syscall.ENOTEMPTY, "directory over a non-empty one")
+	if err := d2.Unlink("x"); err != nil {
+		t.Fatal(err)
+	}
+	pds := tr.Manager().Stats().PDs
+	if err := root.Rename("d1", root, "d2", 0); err != nil {
+		t.Fatalf("directory over an empty one: %v", err)
+	}
+	if st := tr.Manager().Stats(); st.PDs != pds-1 {
+		t.Errorf("PDs %d, want %d: the replaced directory's PD was not deallocated", st.PDs, pds-1)
+	}
+	if n, _ := root.Lookup("d2"); n != tree.Node(d1) {
+		t.Error("d2 is not the renamed directory")
+	}
+	if p := d1.Path(); p != "/d2" {
+		t.Errorf("Path %q, want /d2", p)
+	}
+}
+
+func TestRenameFlags(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	a := create(t, root, "a")
+	b := create(t, root, "b")
+	other := mkdir(t, root, "o")
+	wantErrno(t, root.Rename("a", root, "b", tree.RenameNoReplace), syscall.EEXIST, "RENAME_NOREPLACE over b")
+	wantErrno(t, root.Rename("a", root, "b", 4), syscall.EINVAL, "RENAME_WHITEOUT")
+	wantErrno(t, root.Rename("a", root, "b", tree.RenameExchange|tree.RenameNoReplace), syscall.EINVAL, "EXCHANGE|NOREPLACE")
+	wantErrno(t, root.Rename("a", root, "c", tree.RenameExchange), syscall.ENOENT, "exchange with a missing name")
+	wantErrno(t, root.Rename("nope", root, "c", 0), syscall.ENOENT, "rename of a missing name")
+	wantErrno(t, root.Rename("a", root, strings.Repeat("n", 256), 0), syscall.ENAMETOOLONG, "rename to a 256-byte name")
+	if err := root.Rename("a", root, "c", tree.RenameNoReplace); err != nil {
+		t.Fatalf("RENAME_NOREPLACE to a free name: %v", err)
+	}
+	if err := root.Rename("c", root, "b", tree.RenameExchange); err != nil {
+		t.Fatalf("exchange within a PD: %v", err)
+	}
+	if n, _ := root.Lookup("b"); n != tree.Node(a) {
+		t.Error("after the exchange b is not a")
+	}
+	if n, _ := root.Lookup("c"); n != tree.Node(b) {
+		t.Error("after the exchange c is not b")
+	}
+	create(t, other, "x")
+	wantErrno(t, root.Rename("b", other, "x", tree.RenameExchange), syscall.EINVAL, "exchanging files between PDs")
+	if a.Buffer().Info().PD != root.Domain().PD() {
+		t.Error("a refused exchange moved a buffer")
+	}
+}
+
+func TestResolveAndPath(t *testing.T) {
+	tr := newTree(t, 0, 0)
+	root := tr.Root()
+	a := mkdir(t, root, "a")
+	b := mkdir(t, a, "b")
+	create(t, a, "f")
+	for p, want := range map[string]*tree.Dir{"/": root, "": root, "a": a, "/a/b": b, "a/b/": b, "/a/../a/b": b} {
+		d, err := tr.Resolve(p)
+		if err != nil || d != want {
+			t.Errorf("Resolve(%q) = %v, %v", p, d, err)
+		}
+	}
+	_, err := tr.Resolve("/a/x")
+	wantErrno(t, err, syscall.ENOENT, "resolve a missing directory")
+	_, err = tr.Resolve("/a/f")
+	wantErrno(t, err, syscall.ENOTDIR, "resolve a file")
+	if dom, err := tr.Domain("/a/b"); err != nil || dom != b.Domain() {
+		t.Errorf("Domain(/a/b) = %v, %v", dom, err)
+	}
+	if root.Path() != "/" || b.Path() != "/a/b" {
+		t.Errorf("paths %q %q", root.Path(), b.Path())
+	}
+	c := mkdir(t, root, "c")
+	if err := a.Rename("b", c, "bb", 0); err != nil {
+		t.Fatal(err)
+	}
+	if b.Path() != "/c/bb" {
+		t.Errorf("path after the move %q", b.Path())
+	}
+	if d, err := tr.Resolve("/c/bb"); err != nil || d != b {
+		t.Errorf("Resolve after the move: %v, %v", d, err)
+	}
+}
+
+// Metadata: the umask masks the creator's mode; set-id bits are never
+// stored; SetMeta sets the change time; creating, renaming and removing
+// entries changes the directories' times.
+func TestMeta(t *testing.T) {
+	tr := newTree(t, 0, 0)
+	root := tr.Root()
+	clock := time.Unix(1000, 0)
+	defer tree.SetClock(func() time.Time { return clock })()
+	f, err := root.Create("f", tree.Owner{UID: 3, GID: 4}, 0o6777, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := f.Meta(); m.Mode != 0o755 || m.UID != 3 || m.GID != 4 || !m.Mtime.Equal(clock) {
+		t.Errorf("new file %+v", m)
+	}
+	clock = time.Unix(2000, 0)
+	mode, uid := uint32(0o7000), uint32(9)
+	f.SetMeta(tree.Change{Mode: &mode, UID: &uid})
+	if m := f.Meta(); m.Mode != 0o1000 || m.UID != 9 || m.GID != 4 || !m.Ctime.Equal(clock) || !m.Mtime.Equal(time.Unix(1000, 0)) {
+		t.Errorf("after SetMeta %+v", m)
+	}
+	d := mkdir(t, root, "d")
+	for i, op := range []struct {
+		run     func() error
+		changed []*tree.Dir
+	}{
+		{func() error { _, err := root.Create("g", tree.Owner{}, 0o644, nil); return err }, []*tree.Dir{root}},
+		{func() error { return root.Rename("g", d, "g", 0) }, []*tree.Dir{root, d}},
+		{func() error { return d.Unlink("g") }, []*tree.Dir{d}},
+		{func() error { _, err := root.Mkdir("e", tree.Owner{}, 0o755, nil); return err }, []*tree.Dir{root}},
+		{func() error { return root.Rmdir("e") }, []*tree.Dir{root}},
+	} {
+		clock = time.Unix(int64(3000+i), 0)
+		if err := op.run(); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range op.changed {
+			if m := dir.Meta(); !m.Mtime.Equal(clock) || !m.Ctime.Equal(clock) {
+				t.Errorf("op %d: %s times %v %v, want %v", i, dir.Path(), m.Mtime, m.Ctime, clock)
+			}
+		}
+	}
+}
