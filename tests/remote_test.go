@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mrfs/remote"
 	"mrfs/remote/client"
 	"mrfs/remote/proto"
 	"mrfs/verbs"
@@ -217,11 +218,11 @@ func TestRemoteViolations(t *testing.T) {
 		}
 		c := dialPD(t, peer, "/") // a fresh QP: the last one is in error
 		err := tc.op(c, tc.addr, tc.key)
-		if got := client.Status(err); got != tc.want {
+		if got := remote.Status(err); got != tc.want {
 			t.Errorf("%s: %v (%v), want %v", tc.name, got, err, tc.want)
 		}
 		// The QP is now in error: even a valid operation is flushed.
-		if err := c.Write(faddr, fkey, x); client.Status(err) != verbs.WCWRFlushErr {
+		if err := c.Write(faddr, fkey, x); remote.Status(err) != verbs.WCWRFlushErr {
 			t.Errorf("%s: the next WRITE: %v, want IBV_WC_WR_FLUSH_ERR", tc.name, err)
 		}
 		for _, f := range files {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 
@@ -9,12 +8,6 @@ import (
 	"mrfs/verbs"
 	"mrfs/verbs/soft"
 )
-
-// rdmaProvider opens the libibverbs backend; nil when the binary was
-// built without it (the build tag rdma sets it).
-var rdmaProvider func() (verbs.Provider, error)
-
-var errNoRDMABuild = errors.New("the rdma backend is not built in: rebuild with `go build -tags rdma ./cmd/mrfs` (needs the libibverbs-dev package)")
 
 // chooseProvider applies verbs.backend: auto takes rdma when it is built
 // in and sees a device, else soft; the log says which and why.
@@ -27,12 +20,9 @@ func chooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) 
 		log.Info("verbs backend: soft (configured)")
 		return softProvider(), nil
 	case config.BackendRDMA:
-		if rdmaProvider == nil {
-			return nil, errNoRDMABuild
-		}
 		return rdmaProvider()
 	}
-	if rdmaProvider == nil {
+	if !rdmaBuilt {
 		log.Info("verbs backend: soft (auto: this binary has no rdma backend; build with -tags rdma)")
 		return softProvider(), nil
 	}

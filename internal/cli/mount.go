@@ -103,17 +103,14 @@ func cmdMount(args []string, stderr io.Writer) error {
 		srv.Wait()
 		close(unmounted)
 	}()
-	var errs []error
-	if err := remote.start(tr.Domain); err != nil {
-		errs = append(errs, err)
-	} else {
-		select {
-		case sig := <-sigs:
-			log.Info("shutting down", "signal", sig.String())
-		case <-unmounted:
-			log.Info("unmounted from outside; shutting down")
-		}
+	remote.Serve(tr.Domain)
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case <-unmounted:
+		log.Info("unmounted from outside; shutting down")
 	}
+	var errs []error
 
 	// DESIGN.md's order: every region deregistered and every PD
 	// deallocated, the device closed, then the unmount.

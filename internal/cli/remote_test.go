@@ -11,6 +11,7 @@ import (
 
 	"mrfs/buffer"
 	"mrfs/internal/config"
+	"mrfs/remote"
 )
 
 type fakeListener struct {
@@ -24,17 +25,17 @@ func (l *fakeListener) Close() error         { l.closed = true; return nil }
 // user.mrfs.remote shows the address the rdma_cm listener is bound to:
 // with port 0, the port it got, not the configured 0.
 func TestRemoteWhereRDMABoundAddress(t *testing.T) {
-	saved := rdmaRemote
-	t.Cleanup(func() { rdmaRemote = saved })
 	l := &fakeListener{addr: netip.MustParseAddrPort("10.0.2.15:40123")}
 	var listened string
-	var resolve func(string) (*buffer.Domain, error)
-	rdmaRemote = func(cfg config.Remote, res func(string) (*buffer.Domain, error), _ *slog.Logger) (rdmaListener, error) {
-		listened, resolve = cfg.Listen, res
+	var resolve remote.Resolver
+	var pol remote.Policy
+	fake := func(addr string, p remote.Policy, res remote.Resolver, _ *slog.Logger) (rdmaListener, error) {
+		listened, pol, resolve = addr, p, res
 		return l, nil
 	}
 	log := slog.New(slog.DiscardHandler)
-	r, err := bindRemote(config.Remote{Listen: "10.0.2.15:0"}, config.BackendRDMA, log)
+	cfg := config.Remote{Listen: "10.0.2.15:0", MaxConnections: 3, AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	r, err := bindRemoteWith(cfg, config.BackendRDMA, log, fake)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,11 +43,12 @@ func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 	if _, err := resolve("/"); !errors.Is(err, syscall.EAGAIN) {
 		t.Errorf("resolve before the mount: %v, want EAGAIN", err)
 	}
-	if err := r.start(func(string) (*buffer.Domain, error) { return nil, errors.New("none") }); err != nil {
-		t.Fatal(err)
+	r.Serve(func(string) (*buffer.Domain, error) { return nil, syscall.ENOTDIR })
+	if _, err := resolve("/"); !errors.Is(err, syscall.ENOTDIR) {
+		t.Errorf("resolve after Serve: %v, want the mount's answer", err)
 	}
-	if listened != "10.0.2.15:0" {
-		t.Errorf("listened on %q", listened)
+	if listened != "10.0.2.15:0" || pol.MaxConns != 3 || len(pol.AllowFrom) != 1 {
+		t.Errorf("listened on %q with %+v", listened, pol)
 	}
 	if got := r.Where(); got != "rdma_cm 10.0.2.15:40123" {
 		t.Errorf("Where = %q, want the bound address", got)
@@ -57,10 +59,10 @@ func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 
 	// A listener that cannot bind fails the mount before it mounts, and
 	// the error names the address.
-	rdmaRemote = func(config.Remote, func(string) (*buffer.Domain, error), *slog.Logger) (rdmaListener, error) {
+	failing := func(string, remote.Policy, remote.Resolver, *slog.Logger) (rdmaListener, error) {
 		return nil, io.ErrUnexpectedEOF
 	}
-	if _, err := bindRemote(config.Remote{Listen: "10.0.2.15:7471"}, config.BackendRDMA, log); err == nil || !strings.Contains(err.Error(), "10.0.2.15:7471") {
+	if _, err := bindRemoteWith(config.Remote{Listen: "10.0.2.15:7471"}, config.BackendRDMA, log, failing); err == nil || !strings.Contains(err.Error(), "10.0.2.15:7471") {
 		t.Errorf("bind with a failing listener: %v", err)
 	}
 }

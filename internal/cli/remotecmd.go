@@ -7,35 +7,19 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
-	"strings"
 	"time"
 
+	"mrfs/remote"
 	"mrfs/remote/client"
 )
 
 // stdin is where `mrfs remote write` reads its data; tests replace it.
 var stdin io.Reader = os.Stdin
 
-// remoteConn is what `mrfs remote` needs of a connection to one PD of a
-// peer, whatever the transport. An operation that completed with a
-// status other than IBV_WC_SUCCESS returns an error wrapping a
-// *client.StatusError with that status (the soft client's own errors
-// are such; the rdma_cm adapter converts its work completions to them).
-type remoteConn interface {
-	// MaxMessage is the largest READ or WRITE the path carries.
-	MaxMessage() uint32
-	Read(dst []byte, iova uint64, rkey uint32) error
-	Write(iova uint64, rkey uint32, src []byte) error
-	CompareSwap(iova uint64, rkey uint32, compare, swap uint64) (uint64, error)
-	FetchAdd(iova uint64, rkey uint32, add uint64) (uint64, error)
-	Close() error
-}
-
-// remoteDialer connects to peer and joins the PD of dir; ctx's deadline
+// dialer connects to peer and joins the PD of dir; ctx's deadline
 // bounds the connection and every operation on it.
-type remoteDialer func(ctx context.Context, peer, dir string) (remoteConn, error)
+type dialer func(ctx context.Context, peer, dir string) (remote.Conn, error)
 
 // Transport names, as user.mrfs.remote shows them.
 const (
@@ -43,16 +27,13 @@ const (
 	transportRDMA = "rdma_cm" // real queue pairs (build tag rdma)
 )
 
-// remoteDialers are the transports this binary has; remote_rdma.go
-// (build tag rdma) adds rdma_cm and makes it the default, so that
-// `mrfs remote` speaks what the build's daemon serves.
-var (
-	remoteDialers    = map[string]remoteDialer{transportTCP: dialSoft}
-	defaultTransport = transportTCP
-)
+// transports are the dialers of `mrfs remote`; dialRDMA says how to get
+// rdma_cm in a binary built without it. defaultTransport (rdma.go,
+// nordma.go) is what the build's daemon serves.
+var transports = map[string]dialer{transportTCP: dialSoft, transportRDMA: dialRDMA}
 
 // dialSoft is the soft TCP client.
-func dialSoft(ctx context.Context, peer, dir string) (remoteConn, error) {
+func dialSoft(ctx context.Context, peer, dir string) (remote.Conn, error) {
 	c, err := client.Dial(ctx, peer, dir)
 	if err != nil {
 		return nil, err
@@ -79,7 +60,10 @@ func transportName(s string) (string, bool) {
 // prints the bytes to stdout, write sends stdin, cas and fadd print the
 // old value in hex. A completion in error is an error whose text starts
 // with the status name (IBV_WC_REM_ACCESS_ERR), so scripts can match it.
-func cmdRemote(args []string, stdout io.Writer) error {
+func cmdRemote(args []string, stdout io.Writer) error { return runRemote(args, stdout, transports) }
+
+// runRemote is cmdRemote over the given transports (tests fake them).
+func runRemote(args []string, stdout io.Writer, transports map[string]dialer) error {
 	if len(args) == 0 {
 		return usageError("remote: want an operation: read, write, cas or fadd")
 	}
@@ -155,16 +139,7 @@ func cmdRemote(args []string, stdout io.Writer) error {
 	if !ok {
 		return usageError("remote %s: unknown --transport %q; want tcp or rdma_cm", op, *transportS)
 	}
-	dial := remoteDialers[transport]
-	if dial == nil {
-		have := make([]string, 0, len(remoteDialers))
-		for n := range remoteDialers {
-			have = append(have, n)
-		}
-		sort.Strings(have)
-		return fmt.Errorf("remote %s: this binary has no %s transport (it has %s): rebuild with `go build -tags rdma ./cmd/mrfs`",
-			op, transport, strings.Join(have, ", "))
-	}
+	dial := transports[transport]
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
@@ -201,7 +176,7 @@ func cmdRemote(args []string, stdout io.Writer) error {
 	case "fadd":
 		old, err = c.FetchAdd(addr, uint32(rkey), a)
 	}
-	var se *client.StatusError
+	var se *remote.StatusError
 	if errors.As(err, &se) {
 		return fmt.Errorf("%s: remote %s at 0x%x rkey 0x%x on %s over %s", se.Status, op, addr, rkey, *peer, transport)
 	}

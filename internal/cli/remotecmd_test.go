@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"mrfs/remote/client"
+	"mrfs/remote"
 	"mrfs/verbs"
 )
 
@@ -24,15 +24,19 @@ const fakeIOVA, fakeRKey = 0x1000, 0x1234
 func installFakeRemote(t *testing.T) *fakeRemote {
 	t.Helper()
 	f := &fakeRemote{mem: make([]byte, 4096)}
-	saved := remoteDialers
-	remoteDialers = map[string]remoteDialer{}
-	for name := range saved {
-		remoteDialers[name] = func(_ context.Context, peer, dir string) (remoteConn, error) {
+	saved := transports
+	transports = map[string]dialer{}
+	for name, real := range saved {
+		if name == transportRDMA && !rdmaBuilt {
+			transports[name] = real // says how to get it
+			continue
+		}
+		transports[name] = func(_ context.Context, peer, dir string) (remote.Conn, error) {
 			f.dials = append(f.dials, name+" "+peer+" "+dir)
 			return &fakeConn{f: f}, nil
 		}
 	}
-	t.Cleanup(func() { remoteDialers = saved })
+	t.Cleanup(func() { transports = saved })
 	return f
 }
 
@@ -44,7 +48,7 @@ func (c *fakeConn) Close() error       { return nil }
 // at is the region's bytes [iova, iova+n) or a REM_ACCESS_ERR.
 func (c *fakeConn) at(op string, iova uint64, rkey uint32, n int) ([]byte, error) {
 	if rkey != fakeRKey || iova < fakeIOVA || iova+uint64(n) > fakeIOVA+uint64(len(c.f.mem)) {
-		return nil, &client.StatusError{Op: op, Status: verbs.WCRemAccessErr}
+		return nil, &remote.StatusError{Op: op, Status: verbs.WCRemAccessErr}
 	}
 	return c.f.mem[iova-fakeIOVA:][:n], nil
 }
@@ -215,7 +219,7 @@ func TestRemoteOperations(t *testing.T) {
 	f.dials = nil
 	for _, name := range []string{"tcp", "rdma", "rdma_cm"} {
 		want, _ := transportName(name)
-		if _, ok := remoteDialers[want]; !ok {
+		if want == transportRDMA && !rdmaBuilt {
 			continue
 		}
 		if code, _, errs := remote("fadd", "--addr", "0x1400", "--add", "0", "--transport", name); code != exitOK {
@@ -231,7 +235,7 @@ func TestRemoteOperations(t *testing.T) {
 // `mrfs devices --backend rdma` does.
 func TestRemoteTransportMissing(t *testing.T) {
 	installFakeRemote(t)
-	if _, ok := remoteDialers[transportRDMA]; ok {
+	if rdmaBuilt {
 		t.Skip("built with -tags rdma: rdma_cm is there")
 	}
 	if defaultTransport != transportTCP {

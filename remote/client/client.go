@@ -2,12 +2,13 @@
 // for programs and scripts (`mrfs remote`): Dial a peer running mrfs,
 // name a directory (its protection domain), then READ, WRITE,
 // COMPARE_AND_SWAP and FETCH_AND_ADD at (addr, rkey) as read from the
-// buffer's xattrs. An operation that completes in error returns a
-// *StatusError carrying the ibv_wc_status a real requester would see.
+// buffer's xattrs. A Conn is a remote.Conn: an operation that completes
+// in error returns a *remote.StatusError carrying the ibv_wc_status a
+// real requester would see, and a refused hello a *remote.RefusedError.
 //
 //	c, err := client.Dial(ctx, "127.0.0.1:7471", "/")
 //	err = c.Write(addr, rkey, data)
-//	if client.Status(err) == verbs.WCRemAccessErr { ... }
+//	if remote.Status(err) == verbs.WCRemAccessErr { ... }
 //
 // As on an RC queue pair, the first error puts the connection in the
 // error state: every later operation fails with IBV_WC_WR_FLUSH_ERR.
@@ -18,13 +19,13 @@ package client
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"syscall"
 	"time"
 
+	"mrfs/remote"
 	"mrfs/remote/proto"
 	"mrfs/verbs"
 )
@@ -42,40 +43,6 @@ type Conn struct {
 	wrid   uint64
 	broken error // a transport or protocol failure: the stream is out of step
 }
-
-// StatusError is an operation that completed with a status other than
-// IBV_WC_SUCCESS.
-type StatusError struct {
-	Op     string // "READ", "WRITE", "COMPARE_AND_SWAP", "FETCH_AND_ADD"
-	Status verbs.WCStatus
-}
-
-func (e *StatusError) Error() string { return fmt.Sprintf("%s completed with %s", e.Op, e.Status) }
-
-// Status is the work completion status of an operation's error:
-// IBV_WC_SUCCESS for nil, the status of a *StatusError, and
-// IBV_WC_WR_FLUSH_ERR for a connection that broke (the QP is gone).
-func Status(err error) verbs.WCStatus {
-	var se *StatusError
-	switch {
-	case err == nil:
-		return verbs.WCSuccess
-	case errors.As(err, &se):
-		return se.Status
-	}
-	return verbs.WCWRFlushErr
-}
-
-// HelloError is the peer's refusal of the hello: no such directory
-// (ENOENT), not a directory (ENOTDIR), too many connections (EBUSY), an
-// unsupported version (EPROTONOSUPPORT). errors.Is matches the errno.
-type HelloError struct {
-	Errno syscall.Errno
-	Msg   string
-}
-
-func (e *HelloError) Error() string { return fmt.Sprintf("peer refused: %s (%s)", e.Msg, e.Errno) }
-func (e *HelloError) Unwrap() error { return e.Errno }
 
 // Dial connects to peer (host:port) and asks for a queue pair in the PD
 // of dir, a directory of the peer's mount ("/" is its root). ctx bounds
@@ -116,7 +83,7 @@ func handshake(ctx context.Context, nc net.Conn, dir string) (*Conn, error) {
 	switch f.Type {
 	case proto.TypeHelloOK:
 	case proto.TypeHelloErr:
-		return nil, &HelloError{Errno: syscall.Errno(f.Errno), Msg: f.Msg}
+		return nil, &remote.RefusedError{Errno: syscall.Errno(f.Errno), Msg: f.Msg}
 	default:
 		return nil, fmt.Errorf("%w: answer to HELLO is %s", proto.ErrProtocol, f.Type)
 	}
@@ -134,6 +101,8 @@ func handshake(ctx context.Context, nc net.Conn, dir string) (*Conn, error) {
 // PD is the peer's number of the protection domain (user.mrfs.pd).
 func (c *Conn) PD() uint32 { return c.pd }
 
+var _ remote.Conn = (*Conn)(nil)
+
 // MaxMessage is the largest READ or WRITE the peer accepts.
 func (c *Conn) MaxMessage() uint32 { return c.maxMsg }
 
@@ -149,7 +118,7 @@ func (c *Conn) Read(dst []byte, iova uint64, rkey uint32) error {
 	if uint64(len(dst)) > uint64(c.maxMsg) {
 		// The requester's own check: longer than the path's largest
 		// message, never sent.
-		return &StatusError{Op: "READ", Status: verbs.WCLocLenErr}
+		return &remote.StatusError{Op: "READ", Status: verbs.WCLocLenErr}
 	}
 	f, err := c.do(proto.Frame{Type: proto.TypeRead, IOVA: iova, RKey: rkey, Length: uint32(len(dst))}, func(f proto.Frame) error {
 		if f.Status == 0 && len(f.Data) != len(dst) {
@@ -167,7 +136,7 @@ func (c *Conn) Read(dst []byte, iova uint64, rkey uint32) error {
 // Write writes src at iova of the region rkey names.
 func (c *Conn) Write(iova uint64, rkey uint32, src []byte) error {
 	if uint64(len(src)) > uint64(c.maxMsg) {
-		return &StatusError{Op: "WRITE", Status: verbs.WCLocLenErr}
+		return &remote.StatusError{Op: "WRITE", Status: verbs.WCLocLenErr}
 	}
 	f, err := c.do(proto.Frame{Type: proto.TypeWrite, IOVA: iova, RKey: rkey, Data: src}, nil)
 	if err != nil {
@@ -200,7 +169,7 @@ func statusErr(f proto.Frame) error {
 	if f.Status == 0 {
 		return nil
 	}
-	return &StatusError{Op: f.Op.String(), Status: verbs.WCStatus(f.Status)}
+	return &remote.StatusError{Op: f.Op.String(), Status: verbs.WCStatus(f.Status)}
 }
 
 // do sends one request and reads its completion; use, when set, consumes

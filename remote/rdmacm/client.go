@@ -3,6 +3,7 @@
 package rdmacm
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mrfs/remote"
 	"mrfs/verbs"
 	"mrfs/verbs/ibv"
 )
@@ -43,25 +45,30 @@ type Conn struct {
 	mr    verbs.MR
 }
 
-// WCError is a work completion with an error status: the responder's
-// NIC refused the operation (IBV_WC_REM_ACCESS_ERR for a bad rkey, PD,
-// access or range), or the QP was already in error (WR_FLUSH_ERR).
-type WCError struct {
-	Op     string
-	Addr   uint64
-	RKey   uint32
-	Status verbs.WCStatus
-}
+var _ remote.Conn = (*Conn)(nil)
 
-func (e *WCError) Error() string {
-	return fmt.Sprintf("%s at 0x%x rkey 0x%x: %s (%d)", e.Op, e.Addr, e.RKey, e.Status, uint32(e.Status))
+// MaxMessage is the largest RDMA message (2^31 bytes, the IB
+// specification's bound and rxe's max_msg_sz).
+const MaxMessage = 1 << 31
+
+// DialContext is Dial with each step bounded by what is left of ctx's
+// deadline (10 s without one).
+func DialContext(ctx context.Context, peer, dir string) (*Conn, error) {
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	if timeout <= 0 {
+		return nil, fmt.Errorf("connect to %s: %w", peer, context.DeadlineExceeded)
+	}
+	return Dial(peer, dir, DialOptions{Timeout: timeout})
 }
 
 // Dial connects to the mrfs at peer ("10.0.2.15:7471") and asks for a
 // QP in the PD of dir (relative to the mount's root). A refusal by mrfs
-// carries its errno (ENOENT: no such directory; EACCES: not in
-// allow_from; EBUSY: too many connections); ECONNREFUSED when nothing
-// listens there.
+// is a *remote.RefusedError with its errno (ENOENT: no such directory;
+// EACCES: not in allow_from; EBUSY: too many connections);
+// ECONNREFUSED when nothing listens there.
 func Dial(peer, dir string, opt DialOptions) (*Conn, error) {
 	if opt.Timeout <= 0 {
 		opt.Timeout = 10 * time.Second
@@ -127,7 +134,7 @@ func Dial(peer, dir string, opt DialOptions) (*Conn, error) {
 	if err != nil {
 		if ev.Type == ibv.EventRejected {
 			if errno, msg, ok := decodeReject(ev.Private); ok {
-				return fail(fmt.Errorf("mrfs refused: %s: %w", msg, errno))
+				return fail(&remote.RefusedError{Errno: errno, Msg: msg})
 			}
 			return fail(fmt.Errorf("rejected (reason %d; nothing listens there?): %w", ev.Status, syscall.ECONNREFUSED))
 		}
@@ -210,13 +217,19 @@ func (c *Conn) do(name string, r ibv.Request) error {
 		return fmt.Errorf("%s at 0x%x rkey 0x%x: %w", name, r.RemoteAddr, r.RKey, err)
 	}
 	if st != verbs.WCSuccess {
-		return &WCError{Op: name, Addr: r.RemoteAddr, RKey: r.RKey, Status: st}
+		return &remote.StatusError{Op: name, Status: st}
 	}
 	return nil
 }
 
+// MaxMessage is the largest READ or WRITE: MaxMessage.
+func (c *Conn) MaxMessage() uint32 { return MaxMessage }
+
 // Write performs an RDMA WRITE of data to addr under rkey.
 func (c *Conn) Write(addr uint64, rkey uint32, data []byte) error {
+	if uint64(len(data)) > MaxMessage {
+		return &remote.StatusError{Op: "RDMA WRITE", Status: verbs.WCLocLenErr}
+	}
 	if err := c.grow(max(len(data), 1)); err != nil {
 		return err
 	}
@@ -224,15 +237,20 @@ func (c *Conn) Write(addr uint64, rkey uint32, data []byte) error {
 	return c.do("RDMA WRITE", ibv.Request{Op: ibv.OpWrite, Length: uint32(len(data)), RemoteAddr: addr, RKey: rkey})
 }
 
-// Read performs an RDMA READ of n bytes at addr under rkey.
-func (c *Conn) Read(addr uint64, rkey uint32, n int) ([]byte, error) {
-	if err := c.grow(max(n, 1)); err != nil {
-		return nil, err
+// Read performs an RDMA READ of len(dst) bytes at addr under rkey into
+// dst.
+func (c *Conn) Read(dst []byte, addr uint64, rkey uint32) error {
+	if uint64(len(dst)) > MaxMessage {
+		return &remote.StatusError{Op: "RDMA READ", Status: verbs.WCLocLenErr}
 	}
-	if err := c.do("RDMA READ", ibv.Request{Op: ibv.OpRead, Length: uint32(n), RemoteAddr: addr, RKey: rkey}); err != nil {
-		return nil, err
+	if err := c.grow(max(len(dst), 1)); err != nil {
+		return err
 	}
-	return append([]byte(nil), c.mem[:n]...), nil
+	if err := c.do("RDMA READ", ibv.Request{Op: ibv.OpRead, Length: uint32(len(dst)), RemoteAddr: addr, RKey: rkey}); err != nil {
+		return err
+	}
+	copy(dst, c.mem)
+	return nil
 }
 
 // CompareSwap performs an 8-byte ATOMIC_CMP_AND_SWP and returns the old

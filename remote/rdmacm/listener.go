@@ -15,24 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"mrfs/buffer"
-	"mrfs/verbs"
+	"mrfs/remote"
 	"mrfs/verbs/ibv"
 )
-
-// Resolver returns the protection domain of a directory of the mount,
-// relative to its root (fs.Server.Domain).
-type Resolver func(dir string) (*buffer.Domain, error)
-
-// Options are the listener's policy.
-type Options struct {
-	// MaxConns bounds the connections at once; 0 is no bound.
-	MaxConns int
-	// AllowFrom lists the networks peers may connect from; empty allows
-	// every peer.
-	AllowFrom []netip.Prefix
-	Log       *slog.Logger
-}
 
 // qpDepth is the send queue of a responder QP: one-sided operations
 // consume no work request on the responder, but the QP needs queues.
@@ -44,8 +29,8 @@ type Listener struct {
 	ch      *ibv.EventChannel
 	id      ibv.CMID // the listening id
 	addr    netip.AddrPort
-	resolve Resolver
-	opt     Options
+	resolve remote.Resolver
+	gate    *remote.Gate
 	log     *slog.Logger
 	wake    [2]int        // a pipe: Close writes to stop the event loop
 	done    chan struct{} // closed when the event loop has returned
@@ -58,17 +43,18 @@ type Listener struct {
 
 // Listen binds an rdma_cm listener to addr ("10.0.2.15:7471"; the
 // address of an RDMA device's netdev, or the unspecified address for
-// all of them) and serves connect requests until Close. A connection's
-// QP is created in the PD that resolve returns, which must be a PD of
-// the rdma backend on librdmacm's device context (verbs/ibv opens
-// devices so): anything else is rejected.
-func Listen(addr string, resolve Resolver, opt Options) (*Listener, error) {
+// all of them) and serves connect requests under policy p until Close
+// (its allow_from and max_connections; message sizes and timeouts are
+// the NIC's). A connection's QP is created in the PD that resolve
+// returns, which must be a PD of the rdma backend on librdmacm's device
+// context (verbs/ibv opens devices so): anything else is rejected.
+func Listen(addr string, p remote.Policy, resolve remote.Resolver, log *slog.Logger) (*Listener, error) {
 	ap, err := parseAddrPort(addr)
 	if err != nil {
 		return nil, err
 	}
-	if opt.Log == nil {
-		opt.Log = slog.New(slog.DiscardHandler)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	ch, err := ibv.NewEventChannel()
 	if err != nil {
@@ -92,7 +78,7 @@ func Listen(addr string, resolve Resolver, opt Options) (*Listener, error) {
 	}
 	l := &Listener{
 		ch: ch, id: id, addr: netip.AddrPortFrom(ap.Addr(), id.Port()),
-		resolve: resolve, opt: opt, log: opt.Log,
+		resolve: resolve, gate: remote.NewGate(p, log), log: log,
 		done: make(chan struct{}), conns: map[ibv.CMID]*conn{},
 	}
 	if err := unix.Pipe2(l.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
@@ -212,22 +198,11 @@ func (l *Listener) snapshot() []*conn {
 	return cs
 }
 
-func (l *Listener) allowed(a netip.Addr) bool {
-	if len(l.opt.AllowFrom) == 0 {
-		return true
-	}
-	for _, p := range l.opt.AllowFrom {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// accept serves a CONNECT_REQUEST: the peer must be allowed, name an
-// existing directory, and fit under MaxConns; then a QP in the
-// directory's PD is created, attached to its Domain (so that rmdir and
-// unmount close it before the PD goes), and the request accepted.
+// accept serves a CONNECT_REQUEST: the gate must admit the peer
+// (allow_from, max_connections), and it must name an existing directory;
+// then a QP in the directory's PD is created, attached to its Domain (so
+// that rmdir and unmount close it before the PD goes), and the request
+// accepted. A refusal carries its errno in the reject's private data.
 func (l *Listener) accept(ev ibv.Event) {
 	id := ev.ID
 	peer := id.Peer()
@@ -238,42 +213,40 @@ func (l *Listener) accept(ev ibv.Event) {
 		if err := id.Destroy(); err != nil {
 			l.log.Warn("rdma_cm: destroy a rejected id", "peer", peer.String(), "err", err)
 		}
-		l.log.Warn("rdma_cm connection rejected", "peer", peer.String(), "errno", errno.Error(), "reason", msg)
+		l.gate.Log().Event("rejected", "rdma_cm connection rejected", "peer", peer.String(), "errno", errno.Error(), "reason", msg)
 	}
-	if !l.allowed(peer.Addr()) {
-		reject(syscall.EACCES, fmt.Sprintf("peer %s is not in remote.allow_from", peer.Addr()))
+	release, err := l.gate.Admit(peer.Addr())
+	if err != nil {
+		reject(remote.Errno(err, syscall.EACCES), err.Error())
 		return
 	}
 	dir, err := decodeConnect(ev.Private)
 	if err != nil {
+		release()
 		reject(syscall.EPROTO, err.Error())
 		return
 	}
-	c := &conn{l: l, id: id, dir: dir, peer: peer, established: make(chan struct{})}
+	c := &conn{l: l, id: id, dir: dir, peer: peer, release: release, established: make(chan struct{})}
 	l.mu.Lock()
-	switch {
-	case l.closed:
+	if l.closed {
 		l.mu.Unlock()
+		release()
 		reject(syscall.ESHUTDOWN, "mrfs is shutting down")
 		return
-	case l.opt.MaxConns > 0 && len(l.conns) >= l.opt.MaxConns:
-		n := len(l.conns)
-		l.mu.Unlock()
-		reject(syscall.EBUSY, fmt.Sprintf("too many connections (%d, remote.max_conns)", n))
-		return
 	}
-	l.conns[id] = c // reserves the slot; close removes it
+	l.conns[id] = c // close removes it
 	l.mu.Unlock()
 	unreserve := func() {
 		l.mu.Lock()
 		delete(l.conns, id)
 		l.mu.Unlock()
+		release()
 	}
 
 	dom, err := l.resolve(dir)
 	if err != nil {
 		unreserve()
-		reject(errnoOr(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
+		reject(remote.Errno(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
 		return
 	}
 	// Attached first, so that an rmdir from now on closes it; c.mu held
@@ -284,7 +257,7 @@ func (l *Listener) accept(ev ibv.Event) {
 	detach, err := dom.Attach(c)
 	if err != nil {
 		unreserve()
-		reject(errnoOr(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
+		reject(remote.Errno(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
 		return
 	}
 	c.detach = detach
@@ -294,7 +267,7 @@ func (l *Listener) accept(ev ibv.Event) {
 	if err != nil {
 		detach()
 		unreserve()
-		reject(errnoOr(err, syscall.EIO), fmt.Sprintf("queue pair in pd %d: %v", dom.PD(), err))
+		reject(remote.Errno(err, syscall.EIO), fmt.Sprintf("queue pair in pd %d: %v", dom.PD(), err))
 		return
 	}
 	c.qp, c.qpNum = qp, qp.Num()
@@ -306,17 +279,10 @@ func (l *Listener) accept(ev ibv.Event) {
 // flight at mrfs.
 const maxResponderResources = 16
 
-// errnoOr is err's errno, or def when it carries none.
-func errnoOr(err error, def syscall.Errno) syscall.Errno {
-	if e := verbs.Errno(err); e != 0 {
-		return e
-	}
-	return def
-}
-
 // Close stops accepting, closes every connection (disconnect, destroy
 // QP, CQ and id) and the listener. It does not deallocate any PD.
 func (l *Listener) Close() error {
+	l.gate.Close()
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -356,6 +322,8 @@ type conn struct {
 	peer  netip.AddrPort
 	pd    uint32
 	qpNum uint32
+	// release gives the gate its slot back (once).
+	release func()
 
 	// established is closed at the ESTABLISHED event (once).
 	established     chan struct{}
@@ -424,6 +392,7 @@ func (c *conn) closeLocked(reason string) {
 	c.l.mu.Lock()
 	delete(c.l.conns, c.id)
 	c.l.mu.Unlock()
+	c.release()
 	if err := errors.Join(errs...); err != nil {
 		c.l.log.Error("rdma_cm connection teardown failed", "peer", c.peer.String(), "dir", c.dir, "err", err)
 		return

@@ -4,10 +4,11 @@
 // operations through that PD's verbs.Responder (the soft backend), one at
 // a time, in order. The wire format is remote/proto (docs/PROTOCOL.md).
 //
-// Peers are not trusted. A peer outside allow_from is closed on accept;
-// past max_connections it is refused; a hello, a started frame and each
-// reply must complete within the timeout (slowloris); a frame that breaks
-// the format ends that connection and nothing else. An operation that
+// Peers are not trusted. Admission is remote.Gate's, as on every
+// transport: a peer outside allow_from or past max_connections is refused
+// on accept with HELLO_ERR and the errno; a hello, a started frame and
+// each reply must complete within the timeout (slowloris); a frame that
+// breaks the format ends that connection and nothing else. An operation that
 // fails a check completes with the requester's status and moves the
 // connection to the error state of an RC QP: every later operation
 // completes with IBV_WC_WR_FLUSH_ERR without running.
@@ -31,78 +32,40 @@ import (
 	"mrfs/verbs"
 )
 
-// Options are the [remote] limits.
-type Options struct {
-	AllowFrom  []netip.Prefix // peers' networks; empty: nobody
-	MaxConns   int            // connected peers at once (at least 1)
-	MaxMessage uint32         // largest READ or WRITE
-	Timeout    time.Duration  // hello, started frame, reply
-	Log        *slog.Logger
-}
-
 // Server accepts peers on one listener.
 type Server struct {
-	opt Options
-	ln  net.Listener
-	wg  sync.WaitGroup // the accept loop and every connection
+	gate    *remote.Gate
+	p       remote.Policy
+	ln      net.Listener
+	resolve remote.Resolver
+	log     *slog.Logger
+	wg      sync.WaitGroup // the accept loop and every connection
 
 	// guards: conns and closed.
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
-
-	// guards: logged.
-	logMu  sync.Mutex
-	logged map[string]time.Time // when a peer-caused event was last logged at Info
 }
 
-// peerLogEvery bounds how often an event a peer can cause at will (a
-// refusal, a failed hello, a protocol error) is logged at Info; the rest
-// go to Debug, so a flood of sockets cannot flood the log.
-const peerLogEvery = time.Minute
-
-// logPeer logs a peer-caused event under its kind, rate-limited.
-func (s *Server) logPeer(log *slog.Logger, kind, msg string, args ...any) {
-	now := time.Now()
-	s.logMu.Lock()
-	last, seen := s.logged[kind]
-	info := !seen || now.Sub(last) >= peerLogEvery
-	if info {
-		if s.logged == nil {
-			s.logged = map[string]time.Time{}
-		}
-		s.logged[kind] = now
+// Serve accepts peers on ln under policy p until Close; resolve maps a
+// hello's directory to its PD (a remote.Pending while mrfs mounts).
+func Serve(ln net.Listener, p remote.Policy, resolve remote.Resolver, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	s.logMu.Unlock()
-	if info {
-		log.Info(msg, args...)
-	} else {
-		log.Debug(msg, args...)
-	}
-}
-
-// New serves on ln once Start is called. Binding first and serving later
-// lets the caller show the bound address (port 0) before peers arrive.
-func New(ln net.Listener, opt Options) *Server {
-	if opt.Log == nil {
-		opt.Log = slog.New(slog.DiscardHandler)
-	}
-	return &Server{opt: opt, ln: ln, conns: map[net.Conn]struct{}{}}
+	s := &Server{gate: remote.NewGate(p, log), p: p, ln: ln, resolve: resolve, log: log, conns: map[net.Conn]struct{}{}}
+	s.wg.Add(1)
+	go s.accept()
+	return s
 }
 
 // Addr is the address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
-// Start accepts peers in the background; resolve maps a hello's
-// directory to its PD.
-func (s *Server) Start(resolve remote.Resolver) {
-	s.wg.Add(1)
-	go s.accept(resolve)
-}
-
 // Close stops accepting, closes every connection and waits until no
 // connection goroutine is left, so that nothing touches a PD afterwards.
 func (s *Server) Close() error {
+	s.gate.Close()
 	s.mu.Lock()
 	s.closed = true
 	conns := s.conns
@@ -119,7 +82,7 @@ func (s *Server) Close() error {
 	return nil
 }
 
-func (s *Server) accept(resolve remote.Resolver) {
+func (s *Server) accept() {
 	defer s.wg.Done()
 	var backoff time.Duration
 	for {
@@ -131,44 +94,43 @@ func (s *Server) accept(resolve remote.Resolver) {
 			// Out of file descriptors and the like: wait and retry
 			// rather than spin or give up on every later peer.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.opt.Log.Warn("remote: accept failed; retrying", "err", err, "in", backoff)
+			s.log.Warn("remote: accept failed; retrying", "err", err, "in", backoff)
 			time.Sleep(backoff)
 			continue
 		}
 		backoff = 0
-		s.admit(c, resolve)
+		s.admit(c)
 	}
 }
 
-// admit applies allow_from and max_connections, then serves c.
-func (s *Server) admit(c net.Conn, resolve remote.Resolver) {
+// admit applies the gate (allow_from, max_connections), then serves c.
+func (s *Server) admit(c net.Conn) {
 	peer := c.RemoteAddr().String()
-	if !s.allowed(c.RemoteAddr()) {
-		s.logPeer(s.opt.Log, "allow_from", "remote: peer not in allow_from; closed", "peer", peer)
-		c.Close()
-		return
+	var addr netip.Addr
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		addr = ta.AddrPort().Addr()
 	}
-	s.mu.Lock()
-	if s.closed {
+	release, err := s.gate.Admit(addr)
+	if err == nil {
+		s.mu.Lock()
+		if s.closed {
+			err = fmt.Errorf("mrfs is shutting down: %w", syscall.ESHUTDOWN)
+			release()
+		} else {
+			s.conns[c] = struct{}{}
+			s.wg.Add(1)
+		}
 		s.mu.Unlock()
-		c.Close()
-		return
 	}
-	if len(s.conns) >= s.opt.MaxConns {
-		s.mu.Unlock()
-		s.logPeer(s.opt.Log, "max_connections", "remote: max_connections reached; peer refused", "peer", peer, "max_connections", s.opt.MaxConns)
+	if err != nil {
 		// A fresh socket's send buffer takes this without blocking; the
 		// deadline only bounds the unexpected.
-		c.SetWriteDeadline(time.Now().Add(s.opt.Timeout))
-		b, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(syscall.EBUSY),
-			Msg: fmt.Sprintf("too many connections (max_connections = %d)", s.opt.MaxConns)})
+		c.SetWriteDeadline(time.Now().Add(s.p.Timeout))
+		b, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(remote.Errno(err, syscall.EACCES)), Msg: err.Error()})
 		c.Write(b)
 		c.Close()
 		return
 	}
-	s.conns[c] = struct{}{}
-	s.wg.Add(1)
-	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
 		defer func() {
@@ -176,30 +138,17 @@ func (s *Server) admit(c net.Conn, resolve remote.Resolver) {
 			delete(s.conns, c)
 			s.mu.Unlock()
 			c.Close()
+			release()
 		}()
 		defer func() {
 			// A bug in serving one peer must not take the daemon, and
 			// every other peer and the mount, down with it.
 			if e := recover(); e != nil {
-				s.opt.Log.Error("remote: panic serving a peer; connection closed", "peer", peer, "panic", e, "stack", string(debug.Stack()))
+				s.log.Error("remote: panic serving a peer; connection closed", "peer", peer, "panic", e, "stack", string(debug.Stack()))
 			}
 		}()
-		s.serve(c, resolve)
+		s.serve(c)
 	}()
-}
-
-func (s *Server) allowed(a net.Addr) bool {
-	ta, ok := a.(*net.TCPAddr)
-	if !ok {
-		return false
-	}
-	ip := ta.AddrPort().Addr().Unmap()
-	for _, p := range s.opt.AllowFrom {
-		if p.Contains(ip) {
-			return true
-		}
-	}
-	return false
 }
 
 // conn is one peer's queue pair.
@@ -215,12 +164,12 @@ type conn struct {
 	failed bool
 }
 
-func (s *Server) serve(c net.Conn, resolve remote.Resolver) {
-	k := &conn{s: s, c: c, log: s.opt.Log.With("peer", c.RemoteAddr().String())}
-	k.r = proto.NewReader(bufio.NewReaderSize(c, 64<<10), s.opt.MaxMessage)
-	detach, err := k.hello(resolve)
+func (s *Server) serve(c net.Conn) {
+	k := &conn{s: s, c: c, log: s.log.With("peer", c.RemoteAddr().String())}
+	k.r = proto.NewReader(bufio.NewReaderSize(c, 64<<10), s.p.MaxMessage)
+	detach, err := k.hello()
 	if err != nil {
-		s.logPeer(k.log, "hello", "remote: hello failed; connection closed", "err", err)
+		s.gate.Log().EventTo(k.log, "hello", "remote: hello failed; connection closed", "err", err)
 		return
 	}
 	defer detach()
@@ -231,15 +180,15 @@ func (s *Server) serve(c net.Conn, resolve remote.Resolver) {
 	case errors.Is(err, net.ErrClosed):
 		k.log.Debug("remote: connection closed by mrfs (rmdir, unmount)", "ops", ops)
 	default:
-		s.logPeer(k.log, "ended", "remote: connection ended", "ops", ops, "err", err)
+		s.gate.Log().EventTo(k.log, "ended", "remote: connection ended", "ops", ops, "err", err)
 	}
 }
 
 // hello reads the peer's HELLO, finds its PD and attaches the connection
 // to the PD's domain, so that rmdir and unmount close it before the PD
 // goes. A refusal is answered with HELLO_ERR and an errno.
-func (k *conn) hello(resolve remote.Resolver) (detach func(), err error) {
-	k.c.SetReadDeadline(time.Now().Add(k.s.opt.Timeout))
+func (k *conn) hello() (detach func(), err error) {
+	k.c.SetReadDeadline(time.Now().Add(k.s.p.Timeout))
 	f, err := k.r.Next()
 	if err != nil {
 		return nil, fmt.Errorf("read hello: %w", err)
@@ -254,9 +203,9 @@ func (k *conn) hello(resolve remote.Resolver) (detach func(), err error) {
 	if f.Version != proto.Version {
 		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", f.Version, proto.Version))
 	}
-	dom, err := resolve(f.Path)
+	dom, err := k.s.resolve(f.Path)
 	if err != nil {
-		return refuse(errnoOf(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
+		return refuse(remote.Errno(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
 	}
 	rp, ok := dom.VerbsPD().(verbs.ResponderPD)
 	if !ok {
@@ -264,10 +213,10 @@ func (k *conn) hello(resolve remote.Resolver) (detach func(), err error) {
 	}
 	detach, err = dom.Attach(k.c)
 	if err != nil {
-		return refuse(errnoOf(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
+		return refuse(remote.Errno(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
 	}
 	k.resp = rp.Responder()
-	if err := k.send(proto.Frame{Type: proto.TypeHelloOK, Version: proto.Version, PD: dom.PD(), MaxMessage: k.s.opt.MaxMessage}); err != nil {
+	if err := k.send(proto.Frame{Type: proto.TypeHelloOK, Version: proto.Version, PD: dom.PD(), MaxMessage: k.s.p.MaxMessage}); err != nil {
 		detach()
 		return nil, err
 	}
@@ -276,16 +225,9 @@ func (k *conn) hello(resolve remote.Resolver) (detach func(), err error) {
 	return detach, nil
 }
 
-func errnoOf(err error, fallback syscall.Errno) syscall.Errno {
-	if e := verbs.Errno(err); e != 0 {
-		return e
-	}
-	return fallback
-}
-
 // loop runs operations until the peer goes or breaks the format.
 func (k *conn) loop() (ops int, err error) {
-	timeout := k.s.opt.Timeout
+	timeout := k.s.p.Timeout
 	for {
 		// Idle between frames is allowed (an RC QP may idle for ever);
 		// once a frame starts it must arrive whole within the timeout.
@@ -314,7 +256,7 @@ func (k *conn) execute(f proto.Frame) proto.Frame {
 	var st verbs.WCStatus
 	switch f.Type {
 	case proto.TypeRead:
-		if f.Length > k.s.opt.MaxMessage {
+		if f.Length > k.s.p.MaxMessage {
 			// Longer than the path's largest message: a length error,
 			// which a responder NAKs as an invalid request.
 			st = verbs.WCRemInvReqErr
@@ -350,7 +292,7 @@ func (k *conn) send(f proto.Frame) error {
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", f.Type, err)
 	}
-	k.c.SetWriteDeadline(time.Now().Add(k.s.opt.Timeout))
+	k.c.SetWriteDeadline(time.Now().Add(k.s.p.Timeout))
 	bufs := net.Buffers{k.out}
 	if len(f.Data) > 0 {
 		bufs = append(bufs, f.Data)

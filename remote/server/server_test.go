@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"mrfs/buffer"
+	"mrfs/remote"
 	"mrfs/remote/client"
 	"mrfs/remote/proto"
 	"mrfs/remote/server"
@@ -30,7 +31,7 @@ type env struct {
 }
 
 // setup serves two PDs, "/" and "/b", of a soft device on loopback.
-func setup(t testing.TB, opt server.Options) *env {
+func setup(t testing.TB, opt remote.Policy) *env {
 	t.Helper()
 	dev, err := soft.New(soft.Options{}).Open("")
 	if err != nil {
@@ -61,14 +62,13 @@ func setup(t testing.TB, opt server.Options) *env {
 	if opt.Timeout == 0 {
 		opt.Timeout = 5 * time.Second
 	}
-	e.srv = server.New(ln, opt)
 	e.addr = ln.Addr().String()
-	e.srv.Start(func(dir string) (*buffer.Domain, error) {
+	e.srv = server.Serve(ln, opt, func(dir string) (*buffer.Domain, error) {
 		if d, ok := e.doms[dir]; ok {
 			return d, nil
 		}
 		return nil, syscall.ENOENT
-	})
+	}, nil)
 	t.Cleanup(func() {
 		e.srv.Close()
 		mgr.Close()
@@ -99,7 +99,7 @@ func dial(t *testing.T, addr, dir string) *client.Conn {
 }
 
 func TestOps(t *testing.T) {
-	e := setup(t, server.Options{})
+	e := setup(t, remote.Policy{})
 	b, info := e.buffer(t, "/", 8192)
 	c := dial(t, e.addr, "/")
 	if c.PD() != e.doms["/"].PD() || c.MaxMessage() != 1<<20 {
@@ -134,7 +134,7 @@ func TestOps(t *testing.T) {
 	}
 	// Too long for the path: the requester refuses, nothing is sent and
 	// the connection stays usable.
-	if err := c.Write(iova, rkey, make([]byte, 1<<20+1)); client.Status(err) != verbs.WCLocLenErr {
+	if err := c.Write(iova, rkey, make([]byte, 1<<20+1)); remote.Status(err) != verbs.WCLocLenErr {
 		t.Errorf("WRITE past max message: %v", err)
 	}
 	if err := c.Read(got, iova, rkey); err != nil {
@@ -145,22 +145,22 @@ func TestOps(t *testing.T) {
 // After an error the connection is an RC QP in ERROR: later operations
 // are flushed, even valid ones; a new connection works.
 func TestErrorStateFlushes(t *testing.T) {
-	e := setup(t, server.Options{})
+	e := setup(t, remote.Policy{})
 	_, info := e.buffer(t, "/", 4096)
 	_, other := e.buffer(t, "/b", 4096)
 	c := dial(t, e.addr, "/")
-	if err := c.Write(uint64(other.Addr), other.RKey, []byte("x")); client.Status(err) != verbs.WCRemAccessErr {
+	if err := c.Write(uint64(other.Addr), other.RKey, []byte("x")); remote.Status(err) != verbs.WCRemAccessErr {
 		t.Fatalf("WRITE into another PD's buffer: %v, want REM_ACCESS_ERR", err)
 	}
-	var se *client.StatusError
+	var se *remote.StatusError
 	if err := c.Write(uint64(info.Addr), info.RKey, []byte("x")); !errors.As(err, &se) || se.Status != verbs.WCWRFlushErr {
 		t.Errorf("valid WRITE after the error: %v, want WR_FLUSH_ERR", err)
 	}
-	if _, err := c.FetchAdd(uint64(info.Addr)+1, info.RKey, 1); client.Status(err) != verbs.WCWRFlushErr {
+	if _, err := c.FetchAdd(uint64(info.Addr)+1, info.RKey, 1); remote.Status(err) != verbs.WCWRFlushErr {
 		t.Errorf("FADD after the error: %v, want WR_FLUSH_ERR", err)
 	}
 	c2 := dial(t, e.addr, "/")
-	if _, err := c2.FetchAdd(uint64(info.Addr)+4, info.RKey, 1); client.Status(err) != verbs.WCRemInvReqErr {
+	if _, err := c2.FetchAdd(uint64(info.Addr)+4, info.RKey, 1); remote.Status(err) != verbs.WCRemInvReqErr {
 		t.Errorf("misaligned FADD: %v, want REM_INV_REQ_ERR", err)
 	}
 	c3 := dial(t, e.addr, "/")
@@ -170,7 +170,7 @@ func TestErrorStateFlushes(t *testing.T) {
 }
 
 func TestHelloRefused(t *testing.T) {
-	e := setup(t, server.Options{})
+	e := setup(t, remote.Policy{})
 	ctx := context.Background()
 	if _, err := client.Dial(ctx, e.addr, "/nope"); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("Dial of a missing directory: %v, want ENOENT", err)
@@ -191,35 +191,41 @@ func TestHelloRefused(t *testing.T) {
 
 // rmdir (Domain.Close) closes the PD's connections before the PD goes.
 func TestDomainCloseEndsConnections(t *testing.T) {
-	e := setup(t, server.Options{})
+	e := setup(t, remote.Policy{})
 	c := dial(t, e.addr, "/b")
 	if err := e.doms["/b"].Close(); err != nil {
 		t.Fatal(err)
 	}
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	if err := c.Write(0, 0, nil); err == nil || client.Status(err) != verbs.WCWRFlushErr {
+	if err := c.Write(0, 0, nil); err == nil || remote.Status(err) != verbs.WCWRFlushErr {
 		t.Errorf("operation after the PD closed: %v, want a broken connection", err)
 	}
 }
 
 func TestAllowFrom(t *testing.T) {
-	e := setup(t, server.Options{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	e := setup(t, remote.Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if c, err := client.Dial(ctx, e.addr, "/"); err == nil {
+	c, err := client.Dial(ctx, e.addr, "/")
+	if err == nil {
 		c.Close()
-		t.Error("a loopback peer got in with allow_from = 10.0.0.0/8")
+	}
+	if !errors.Is(err, syscall.EACCES) {
+		t.Errorf("a loopback peer with allow_from = 10.0.0.0/8: %v, want a refusal with EACCES", err)
 	}
 }
 
 func TestMaxConnections(t *testing.T) {
-	e := setup(t, server.Options{MaxConns: 1})
+	e := setup(t, remote.Policy{MaxConns: 1})
 	c := dial(t, e.addr, "/")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if c2, err := client.Dial(ctx, e.addr, "/"); err == nil {
+	c2, err := client.Dial(ctx, e.addr, "/")
+	if err == nil {
 		c2.Close()
-		t.Error("a second peer got in with max_connections = 1")
+	}
+	if !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("a second peer with max_connections = 1: %v, want a refusal with EBUSY", err)
 	}
 	c.Close()
 	// The slot frees once the server sees the close.
@@ -239,7 +245,7 @@ func TestMaxConnections(t *testing.T) {
 
 // Hostile peers end their own connection only; a good peer keeps working.
 func TestHostilePeers(t *testing.T) {
-	e := setup(t, server.Options{Timeout: 300 * time.Millisecond, MaxMessage: 4096})
+	e := setup(t, remote.Policy{Timeout: 300 * time.Millisecond, MaxMessage: 4096})
 	_, info := e.buffer(t, "/", 4096)
 	good := dial(t, e.addr, "/")
 	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/"})

@@ -45,6 +45,7 @@ func TestRemoteRDMABenchmark(t *testing.T) {
 	defer c.Close()
 
 	payload := bytes.Repeat([]byte{0xa5}, size)
+	dst := make([]byte, size)
 	t.Logf("rdmacm-bench: | op | size | ops | median latency | throughput |")
 	for _, sz := range []int{4 << 10, 1 << 20} {
 		ops := 2000
@@ -60,7 +61,7 @@ func TestRemoteRDMABenchmark(t *testing.T) {
 				if op == "WRITE" {
 					err = c.Write(iova, rkey, payload[:sz])
 				} else {
-					_, err = c.Read(iova, rkey, sz)
+					err = c.Read(dst[:sz], iova, rkey)
 				}
 				if err != nil {
 					t.Fatalf("%s %d: %v", op, sz, err)

@@ -1,0 +1,144 @@
+package remote
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Policy is [remote]: who may connect, and what a connection may do.
+// Every transport applies it through a Gate.
+type Policy struct {
+	// AllowFrom are the networks peers may connect from; empty admits
+	// nobody.
+	AllowFrom []netip.Prefix
+	// MaxConns bounds the connections at once (at least 1).
+	MaxConns int
+	// MaxMessage is the largest READ or WRITE, and Timeout bounds a hello,
+	// a started frame and each reply. The soft transport enforces both;
+	// over rdma_cm the NIC's own limits apply.
+	MaxMessage uint32
+	Timeout    time.Duration
+}
+
+// Allows reports whether a peer at addr is in AllowFrom.
+func (p Policy) Allows(addr netip.Addr) bool {
+	addr = addr.Unmap()
+	for _, n := range p.AllowFrom {
+		if n.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// Gate admits connections to one listener by its Policy and counts them.
+type Gate struct {
+	p   Policy
+	log *PeerLog
+
+	mu     sync.Mutex // guards: conns, closed
+	conns  int
+	closed bool
+}
+
+// NewGate applies p; refusals are logged to log (rate-limited, PeerLog).
+func NewGate(p Policy, log *slog.Logger) *Gate {
+	return &Gate{p: p, log: NewPeerLog(log)}
+}
+
+// Policy is the gate's policy.
+func (g *Gate) Policy() Policy { return g.p }
+
+// Log is the gate's rate-limited log of peer-caused events.
+func (g *Gate) Log() *PeerLog { return g.log }
+
+// Admit decides whether a new connection from peer may proceed, in the
+// order every transport applies: allow_from (EACCES), shutting down
+// (ESHUTDOWN), max_connections (EBUSY). It is called before anything of the
+// peer's is read or allocated. On success the connection holds a slot
+// until it calls release (once); the error wraps the errno to tell the
+// peer.
+func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
+	if !g.p.Allows(peer) {
+		g.log.Event("allow_from", "remote: peer not in allow_from; refused", "peer", peer.String())
+		return nil, fmt.Errorf("peer %s is not in remote.allow_from: %w", peer, syscall.EACCES)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.closed:
+		return nil, fmt.Errorf("mrfs is shutting down: %w", syscall.ESHUTDOWN)
+	case g.conns >= g.p.MaxConns:
+		g.log.Event("max_connections", "remote: max_connections reached; peer refused", "peer", peer.String(), "max_connections", g.p.MaxConns)
+		return nil, fmt.Errorf("too many connections (max_connections = %d): %w", g.p.MaxConns, syscall.EBUSY)
+	}
+	g.conns++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.conns--
+			g.mu.Unlock()
+		})
+	}, nil
+}
+
+// Conns is the number of admitted connections not yet released.
+func (g *Gate) Conns() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.conns
+}
+
+// Close refuses every later Admit (ESHUTDOWN).
+func (g *Gate) Close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// PeerLog logs events a peer can cause at will (a refusal, a failed
+// hello, a protocol error): the first of a kind within a minute at Info,
+// the rest at Debug, so that a flood of sockets cannot flood the log.
+type PeerLog struct {
+	log *slog.Logger
+
+	mu     sync.Mutex           // guards: logged
+	logged map[string]time.Time // when a kind was last logged at Info
+}
+
+// peerLogEvery bounds how often one kind of event is logged at Info.
+const peerLogEvery = time.Minute
+
+// NewPeerLog logs to log; nil discards.
+func NewPeerLog(log *slog.Logger) *PeerLog {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &PeerLog{log: log, logged: map[string]time.Time{}}
+}
+
+// Event logs msg under kind, rate-limited.
+func (l *PeerLog) Event(kind, msg string, args ...any) { l.EventTo(l.log, kind, msg, args...) }
+
+// EventTo is Event on another logger (one carrying the peer's fields),
+// rate-limited with the same kinds.
+func (l *PeerLog) EventTo(log *slog.Logger, kind, msg string, args ...any) {
+	now := time.Now()
+	l.mu.Lock()
+	last, seen := l.logged[kind]
+	info := !seen || now.Sub(last) >= peerLogEvery
+	if info {
+		l.logged[kind] = now
+	}
+	l.mu.Unlock()
+	if info {
+		log.Info(msg, args...)
+	} else {
+		log.Debug(msg, args...)
+	}
+}

@@ -1,0 +1,143 @@
+// Package remotetest is the admission table every remote transport must
+// pass: the same cases with the same errnos on the soft TCP listener
+// (remote/server's tests) and on rdma_cm (the Soft-RoCE guest, tests/vm),
+// so that the transports cannot disagree about who gets a queue pair.
+package remotetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"mrfs/buffer"
+	"mrfs/remote"
+	"mrfs/verbs"
+)
+
+// Transport is what the table needs of a transport.
+type Transport struct {
+	// Listen serves p on a fresh listener whose peers are resolved by
+	// resolve, and returns the address to dial; the listener closes at
+	// the test's cleanup.
+	Listen func(t *testing.T, p remote.Policy, resolve remote.Resolver) string
+	// Dial connects to addr and asks for the PD of dir.
+	Dial func(ctx context.Context, addr, dir string) (remote.Conn, error)
+	// Peer is the address the listener sees this process dial from.
+	Peer netip.Addr
+	// Domain is a PD of the transport's device: the resolver's "/".
+	Domain *buffer.Domain
+}
+
+// RunAdmission runs the table.
+func RunAdmission(t *testing.T, tr Transport) {
+	resolve := func(dir string) (*buffer.Domain, error) {
+		switch dir {
+		case "/":
+			return tr.Domain, nil
+		case "/file":
+			return nil, fmt.Errorf("%q is not a directory: %w", dir, syscall.ENOTDIR)
+		}
+		return nil, fmt.Errorf("no directory %q: %w", dir, syscall.ENOENT)
+	}
+	self := netip.PrefixFrom(tr.Peer, tr.Peer.BitLen())
+	other := netip.MustParsePrefix("192.0.2.0/24") // TEST-NET-1: never the peer
+	policy := func(max int, allow ...netip.Prefix) remote.Policy {
+		return remote.Policy{AllowFrom: allow, MaxConns: max, MaxMessage: 1 << 20, Timeout: 5 * time.Second}
+	}
+	for _, c := range []struct {
+		name string
+		p    remote.Policy
+		dir  string
+		want syscall.Errno // 0: admitted
+	}{
+		{"allow_from empty admits nobody", policy(4), "/", syscall.EACCES},
+		{"peer outside allow_from", policy(4, other), "/", syscall.EACCES},
+		{"peer inside allow_from", policy(4, other, self), "/", 0},
+		{"no such directory", policy(4, self), "/nope", syscall.ENOENT},
+		{"not a directory", policy(4, self), "/file", syscall.ENOTDIR},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr := tr.Listen(t, c.p, resolve)
+			err := dialOnce(t, tr, addr, c.dir)
+			wantRefusal(t, err, c.want)
+		})
+	}
+
+	t.Run("max_connections", func(t *testing.T) {
+		addr := tr.Listen(t, policy(1, self), resolve)
+		first := dial(t, tr, addr, "/")
+		wantRefusal(t, dialOnce(t, tr, addr, "/"), syscall.EBUSY)
+		first.Close()
+		// The slot frees once the listener sees the close.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			err := dialOnce(t, tr, addr, "/")
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+				t.Fatalf("after the first peer left: %v", err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+
+	t.Run("still mounting", func(t *testing.T) {
+		var pending remote.Pending
+		addr := tr.Listen(t, policy(4, self), pending.Resolve)
+		wantRefusal(t, dialOnce(t, tr, addr, "/"), syscall.EAGAIN)
+		pending.Set(resolve)
+		wantRefusal(t, dialOnce(t, tr, addr, "/"), 0)
+	})
+}
+
+// dial connects and fails the test unless admitted; the connection
+// closes at cleanup.
+func dial(t *testing.T, tr Transport, addr, dir string) remote.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := tr.Dial(ctx, addr, dir)
+	if err != nil {
+		t.Fatalf("dial %s for %s: %v", addr, dir, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dialOnce connects and, when admitted, proves the connection is a real
+// queue pair in the PD (a WRITE with a key nothing has completes with
+// REM_ACCESS_ERR) and closes it.
+func dialOnce(t *testing.T, tr Transport, addr, dir string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := tr.Dial(ctx, addr, dir)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if st := remote.Status(c.Write(0x1000, 0xdead00, []byte("x"))); st != verbs.WCRemAccessErr {
+		t.Errorf("an admitted peer's WRITE with a made-up key: %v, want IBV_WC_REM_ACCESS_ERR", st)
+	}
+	return nil
+}
+
+// wantRefusal requires err to be mrfs's refusal with errno want, or nil
+// when want is 0.
+func wantRefusal(t *testing.T, err error, want syscall.Errno) {
+	t.Helper()
+	var re *remote.RefusedError
+	switch {
+	case want == 0 && err != nil:
+		t.Errorf("refused: %v; want admitted", err)
+	case want != 0 && err == nil:
+		t.Errorf("admitted; want refused with %s", want)
+	case want != 0 && (!errors.As(err, &re) || re.Errno != want):
+		t.Errorf("%v; want mrfs's refusal with %s", err, want)
+	}
+}
