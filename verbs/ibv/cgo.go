@@ -568,10 +568,6 @@ func (id cID) deviceName() string {
 	return C.GoString(n)
 }
 
-// cmPD is librdmacm's own PD for the id's device (id->pd), made when the
-// id was bound to it.
-func (id cID) cmPD() cPD { return cPD{id.p.pd} }
-
 // cCQ is a completion queue.
 type cCQ struct{ p *C.struct_ibv_cq }
 
