@@ -1,19 +1,53 @@
 package buffer
 
 import (
+	"time"
+
+	"mrfs/internal/sysmem"
+	"mrfs/store"
 	"mrfs/verbs"
 )
 
 // Options are the policy and limits a Manager enforces.
 type Options struct {
+	// Store makes the files behind buffers (store.NewTmpfs, or
+	// store.NewMemfd in the degraded mode); nil is NewMemfd.
+	Store store.Store
 	// MaxBuffers is the most buffers that may exist at once; 0: no limit.
 	MaxBuffers int
-	// MaxPinned is the most bytes that may be registered at once, counted
-	// in whole pages; 0: no limit beyond RLIMIT_MEMLOCK.
+	// MaxPinned is the pinning budget: the most bytes that may be
+	// registered at once, counted in whole pages; 0: none beyond what the
+	// machine has (see Memory).
 	MaxPinned uint64
+	// MaxPinnedPerUser bounds the bytes registered for the buffers one
+	// uid owns; 0: no quota.
+	MaxPinnedPerUser uint64
 	// Allowed are the access flags a buffer or directory may be given;
 	// others are EPERM.
 	Allowed verbs.Access
+	// Memory reads what the machine and the daemon's memory cgroup have
+	// left; before pinning pages that do not exist yet, the manager
+	// checks there is room for them (ENOMEM otherwise). nil:
+	// sysmem.Read.
+	Memory func() (sysmem.Memory, error)
+	// FdReserve is how many descriptors below RLIMIT_NOFILE clients'
+	// opens leave to the daemon itself (its own opens of the store,
+	// sockets of remote peers, the FUSE device); 0: 128.
+	FdReserve int
+	// Events hears of registrations and refusals (metrics); nil: none.
+	Events Events
+}
+
+// Events are what a Manager reports as it happens, for metrics. Calls are
+// made without the manager's locks held and must not call back into it.
+type Events interface {
+	// Registered: a region of n bytes was registered in took.
+	Registered(n uint64, took time.Duration)
+	// Deregistered: a region of n bytes was deregistered.
+	Deregistered(n uint64)
+	// LimitHit: a call was refused by limit (its name in the log:
+	// "max_pinned", "RLIMIT_MEMLOCK", ...).
+	LimitHit(limit string)
 }
 
 // State is where a buffer stands with its registration.
@@ -22,23 +56,30 @@ type State int
 const (
 	// Empty: length 0, nothing registered.
 	Empty State = iota
-	// Registered: the whole memfd is registered.
+	// Registered: the file is registered, wholly, or (with Info.Reason)
+	// only its first Info.Length bytes, where a client grew the file past
+	// what could be registered: the registration that was there stays.
 	Registered
-	// Unregistered: the memfd has bytes but no registration; Info.Reason
-	// says why (a limit hit while learning a size the kernel changed).
+	// Unregistered: the file has bytes but no registration; Info.Reason
+	// says why (a limit hit while learning a size a client changed).
 	Unregistered
 )
 
 // Info is a consistent snapshot of a buffer.
 type Info struct {
-	Size   uint64 // bytes in the memfd == registered length when Registered
+	Size   uint64 // bytes in the file
+	Length uint64 // bytes registered: Size when wholly Registered
 	State  State
-	Reason string // why, when Unregistered
-	LKey   uint32
-	RKey   uint32
-	Addr   uintptr // registered virtual address (== iova)
-	Access verbs.Access
-	PD     uint32
+	// Reason says why the registration does not cover the file
+	// (Unregistered, or Registered with Length < Size).
+	Reason     string
+	LKey       uint32
+	RKey       uint32
+	Addr       uintptr // registered virtual address (== iova)
+	Access     verbs.Access
+	PD         uint32
+	Owner      uint32 // the uid charged for its pinned bytes
+	Generation uint64 // registrations made for it: grows at every one
 }
 
 // Stats are totals across a Manager.
@@ -47,4 +88,26 @@ type Stats struct {
 	PDs             int
 	RegisteredBytes uint64 // sum of registered lengths
 	PinnedBytes     uint64 // the same rounded up to whole pages
+	Users           map[uint32]UserStats
+	// Store is the backing store's kind; StoreUsed and StoreSize what its
+	// files hold and its own limit (0 when it has none).
+	Store     string
+	StoreUsed uint64
+	StoreSize uint64
+	// OpenFds are clients' open descriptors of buffers, MaxOpenFds what
+	// RLIMIT_NOFILE leaves them.
+	OpenFds, MaxOpenFds int
+}
+
+// UserStats are one uid's buffers and pinned bytes.
+type UserStats struct {
+	Buffers     int
+	PinnedBytes uint64
+}
+
+// Freed is what Manager.Close released itself.
+type Freed struct {
+	Regions       int    // regions deregistered
+	PDs           int    // protection domains deallocated
+	UnpinnedBytes uint64 // the deregistered regions' bytes, in whole pages
 }

@@ -4,36 +4,45 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"mrfs/internal/bytesize"
+	"mrfs/store"
 	"mrfs/verbs"
 )
 
-// Buffer is one memfd, its daemon mapping, and its registration.
+// Buffer is one file of the store, the daemon's mapping of it, and the
+// registration of that mapping.
 //
-// Invariants while the buffer lives (b.gone == nil):
-//   - Registered: mr covers [mp.base, mp.base+size), mp.len ==
-//     pageRound(size), and size is the memfd's size as last learned.
-//   - Empty: size == 0, no mapping, no region.
-//   - Unregistered: size > 0, no mapping, no region, reason says why.
+// Invariants while the buffer lives (gone == nil):
+//   - mr == nil: nothing is mapped (mp is empty); the buffer is Empty when
+//     size is 0, else Unregistered and reason says why.
+//   - mr != nil: mr covers [mp.base, mp.base+mr.Length()), mp.len is
+//     pageRound(mr.Length()), and mr.Length() <= size. Less only when a
+//     client grew the file past what could be registered: reason says
+//     why, and the registration that was there stays.
+//   - size is the file's size as last learned.
 type Buffer struct {
-	m *Manager
+	m  *Manager
+	id uint64 // immutable
 
 	mu sync.RWMutex
-	// guards (with mu): its memfd, mapping, region, size, access, domain,
-	// state and reason, and gone.
-	fd     int      // the memfd; -1 once freed
-	mp     mapping  // the daemon's mapping of the memfd
-	mr     verbs.MR // nil unless Registered
+	// guards (with mu): every field below.
+	f      store.File // nil once freed
+	mp     mapping    // the daemon's mapping of the file
+	mr     verbs.MR   // nil unless registered
 	size   uint64
 	access verbs.Access
 	dom    *Domain
-	state  State
+	owner  uint32
 	reason string
-	gone   error // errFreed or errClosed once freed
+	gen    uint64 // registrations made
+	gone   error  // errFreed or errClosed once freed
+
+	pageSize atomic.Uint64 // PageSize's answer; 0: not learned since the last registration
 }
 
 // String is the state as user.mrfs.state spells it (without the reason).
@@ -50,51 +59,43 @@ func (s State) String() string {
 }
 
 // Create makes a buffer of size bytes in d with d's default access,
-// registered at once when size > 0. ENOSPC past MaxBuffers or MaxPinned;
-// a device refusal passes its errno through. A failed Create leaves
-// nothing behind.
-func (m *Manager) Create(d *Domain, size uint64) (*Buffer, error) {
+// owned (charged to) uid owner, registered at once when size > 0. ENOSPC
+// past MaxBuffers; the limits of registration as Resize. A failed Create
+// leaves nothing behind.
+func (m *Manager) Create(d *Domain, size uint64, owner uint32) (*Buffer, error) {
 	if d == nil {
 		return nil, fmt.Errorf("create buffer: no domain: %w", syscall.EINVAL)
 	}
-	b := &Buffer{m: m, fd: -1, dom: d}
+	b := &Buffer{m: m, dom: d, owner: owner}
 	// b is in the manager's set before it is built, so a concurrent
 	// Manager.Close sees it; holding b.mu makes that Close wait for us.
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	m.mu.Lock()
-	err := m.reserveBuffer(d)
+	err := m.reserveBuffer(d, owner)
 	if err == nil {
 		m.buffers[b] = struct{}{}
 		d.nbuf++
 		b.access = d.access
 		m.nextID++
+		b.id = m.nextID
 	}
-	id := m.nextID
 	m.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("create buffer in pd %d: %w", d.handle, err)
 	}
 
-	fd, err := unix.MemfdCreate(fmt.Sprintf("mrfs:%d", id), unix.MFD_CLOEXEC)
+	f, err := m.store.Create(b.id)
 	if err != nil {
 		b.abandonLocked()
-		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-			// Each buffer holds a memfd: the daemon's descriptor limit
-			// is a buffer limit the user must be told about.
-			var rl unix.Rlimit
-			unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
-			m.mu.Lock()
-			m.warn(limitNoFile, fmt.Sprintf("cannot create buffer: out of file descriptors (RLIMIT_NOFILE is %d; each buffer holds one); raise it with `ulimit -n` or lower buffers.max_buffers", rl.Cur), "value", rl.Cur)
-			m.mu.Unlock()
-		}
-		return nil, fmt.Errorf("create buffer: memfd_create: %w", err)
+		return nil, fmt.Errorf("create buffer: %w", m.classifyFd(err))
 	}
-	b.fd = fd
+	b.f = f
 	if size > 0 {
-		err := truncate(fd, size)
+		err := f.Truncate(size)
 		if err == nil {
-			err = b.mapAndRegisterLocked(size)
+			b.size = size
+			err = b.registerLocked(size, b.dom, b.access)
 		}
 		if err != nil {
 			b.abandonLocked()
@@ -106,37 +107,19 @@ func (m *Manager) Create(d *Domain, size uint64) (*Buffer, error) {
 
 // abandonLocked undoes a Create that failed after its reservation.
 func (b *Buffer) abandonLocked() {
-	if b.fd >= 0 {
-		unix.Close(b.fd)
-		b.fd = -1
+	if b.f != nil {
+		if err := b.f.Remove(); err != nil {
+			b.m.log.Error("removing the file of a buffer that could not be made", "err", err)
+		}
+		b.f = nil
 	}
 	b.gone = errFreed
 	b.m.mu.Lock()
 	delete(b.m.buffers, b)
 	b.dom.nbuf--
+	b.m.user(b.owner).Buffers--
+	b.m.unuse(b.owner)
 	b.m.mu.Unlock()
-}
-
-// Fd is the memfd, for FUSE passthrough; -1 once freed.
-func (b *Buffer) Fd() int {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return b.fd
-}
-
-// DupFd returns a new descriptor of the memfd (close-on-exec), which
-// stays valid after Free; the caller closes it. ENOENT once freed.
-func (b *Buffer) DupFd() (int, error) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.gone != nil {
-		return -1, fmt.Errorf("dup memfd: %w", b.gone)
-	}
-	fd, err := unix.FcntlInt(uintptr(b.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("dup memfd: %w", err)
-	}
-	return fd, nil
 }
 
 // Info returns a snapshot. After Free it reports the last size with
@@ -145,16 +128,47 @@ func (b *Buffer) Info() Info {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	in := Info{
-		Size:   b.size,
-		State:  b.state,
-		Reason: b.reason,
-		Access: b.access,
-		PD:     b.dom.handle,
+		Size:       b.size,
+		State:      b.stateLocked(),
+		Reason:     b.reason,
+		Access:     b.access,
+		PD:         b.dom.handle,
+		Owner:      b.owner,
+		Generation: b.gen,
 	}
 	if b.mr != nil {
+		in.Length = b.mr.Length()
 		in.LKey, in.RKey, in.Addr = b.mr.LKey(), b.mr.RKey(), b.mr.Addr()
 	}
 	return in
+}
+
+// PageSize is the size of the pages behind the registration (2 MiB for
+// transparent huge pages), 0 when not registered or unknown. It is
+// learned from the kernel on first use after each registration: pinned
+// pages stay what they are.
+func (b *Buffer) PageSize() uint64 {
+	if ps := b.pageSize.Load(); ps != 0 {
+		return ps
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.mr == nil {
+		return 0
+	}
+	ps, _ := store.PageSizeAt(b.mp.base)
+	b.pageSize.Store(ps)
+	return ps
+}
+
+func (b *Buffer) stateLocked() State {
+	switch {
+	case b.gone != nil || b.size == 0 && b.mr == nil:
+		return Empty
+	case b.mr != nil:
+		return Registered
+	}
+	return Unregistered
 }
 
 // Domain is the domain the buffer is registered in.
@@ -164,13 +178,20 @@ func (b *Buffer) Domain() *Domain {
 	return b.dom
 }
 
-// Sync learns the memfd's size by fstat and re-registers when it changed
-// (a client wrote past EOF or truncated through a passthrough fd). When
-// the new size cannot be registered (a limit), the old region is
-// deregistered anyway, since it no longer matches the file, and the buffer
-// becomes Unregistered with Info.Reason saying why; Sync returns that
-// error, and the next successful Sync or Resize registers again. An
-// Unregistered buffer is retried at every Sync.
+// coveredLocked says whether the registration is what the file needs:
+// the whole file, or nothing for an empty one.
+func (b *Buffer) coveredLocked() bool {
+	if b.mr == nil {
+		return b.size == 0
+	}
+	return b.mr.Length() == b.size
+}
+
+// Sync learns the file's size and re-registers when it changed (a client
+// wrote past the end through a zero-copy open). When the new size cannot
+// be registered (a limit), the registration that was there stays (its
+// range is still the file's first bytes), Info.Reason says why, and Sync
+// returns the error; every later Sync tries again.
 func (b *Buffer) Sync() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -180,7 +201,7 @@ func (b *Buffer) Sync() error {
 	return b.syncLocked()
 }
 
-// syncLocked brings the registration in line with the memfd's size,
+// syncLocked brings the registration in line with the file's size,
 // trying again when a client changes it meanwhile.
 func (b *Buffer) syncLocked() error {
 	var err error
@@ -193,7 +214,7 @@ func (b *Buffer) syncLocked() error {
 }
 
 // syncedLocked runs op after a syncLocked, again when a client shrinking
-// the memfd made op fail (op leaves the buffer as it was then).
+// the file made op fail (op leaves the buffer as it was then).
 func (b *Buffer) syncedLocked(op func() error) error {
 	var err error
 	for range maxRetries {
@@ -206,54 +227,107 @@ func (b *Buffer) syncedLocked(op func() error) error {
 }
 
 // syncOnceLocked makes one attempt. After errRaced the buffer is as
-// before, unless final: then it is Unregistered.
+// before, unless final.
 func (b *Buffer) syncOnceLocked(final bool) error {
-	cur, err := memfdSize(b.fd)
+	cur, _, err := b.f.Stat()
 	if err != nil {
 		return err
 	}
-	if cur == b.size && b.state != Unregistered {
+	if cur == b.size && b.coveredLocked() {
 		return nil
 	}
-	switch {
-	case cur == 0:
-		// Truncated to nothing: the whole mapping is past EOF.
-		err = b.dropAllLocked(false)
-		if err != nil {
+	if cur == 0 {
+		// Truncated to nothing: the whole mapping is past the end.
+		if err := b.dropLocked(); err != nil {
 			return fmt.Errorf("sync to 0 B: %w", err)
 		}
+		b.size = 0
 		return nil
-	case b.state != Registered:
-		err = b.mapAndRegisterLocked(cur)
-	case cur > b.size:
-		err = b.growLocked(cur)
-	default:
-		// Shrunk under us: the tail of our mapping is past EOF. Register
-		// the part still inside, then unmap the rest; the daemon never
-		// touches the mapping in between.
-		err = b.shrinkLocked(cur)
 	}
+	err = b.registerLocked(cur, b.dom, b.access)
 	if err == nil {
+		b.size, b.reason = cur, ""
 		return nil
 	}
 	err = fmt.Errorf("sync to %s: %w", bytesize.Format(cur), err)
 	if errors.Is(err, errRaced) && !final {
-		// Nothing changed yet; the caller fstats again.
-		return err
+		return err // nothing changed yet; the caller looks again
 	}
-	if uerr := b.unregisterLocked(cur, err); uerr != nil {
-		return errors.Join(err, uerr)
+	if b.mr != nil && b.mr.Length() > cur {
+		// The file shrank under the registration (only a client outside
+		// mrfs's own calls could): no region may reach past the end.
+		if derr := b.dropLocked(); derr != nil {
+			return errors.Join(err, derr)
+		}
 	}
-	b.m.log.Debug("buffer left unregistered", "size", cur, "reason", b.reason)
+	b.size, b.reason = cur, reason(err)
+	b.m.log.Debug("registration does not cover the file", "size", cur, "reason", b.reason)
 	return err
 }
 
-// unregisterLocked drops region and mapping after a size change that could
-// not be registered: the buffer becomes Unregistered at size.
-func (b *Buffer) unregisterLocked(size uint64, cause error) error {
+// registerLocked makes the registration cover exactly [0, n) of the file
+// (whose size is at least n) in d with access a: the new region is
+// registered first, then the old one deregistered. A smaller n reuses the
+// current mapping and unmaps its tail afterwards; a larger one maps the
+// file anew. On failure the buffer is as before.
+func (b *Buffer) registerLocked(n uint64, d *Domain, a verbs.Access) error {
+	var oldLen uint64
 	if b.mr != nil {
-		if err := b.m.deregMR(b.mr, true); err != nil {
-			return err // still registered at the old size; the next Sync retries
+		oldLen = b.mr.Length()
+	}
+	reuse := b.mr != nil && n <= oldLen
+	mp := b.mp
+	if !reuse {
+		p, err := b.f.Map(n)
+		if err != nil {
+			return b.m.classifyMap(err)
+		}
+		mp = mapping{base: p, len: pageRound(n)}
+	}
+	mr, err := b.m.regMR(b.f, d.pd, d.handle, uintptr(mp.base), n, oldLen, b.owner, a)
+	if err != nil {
+		if !reuse {
+			mp.unmap()
+		}
+		return err
+	}
+	if b.mr != nil {
+		if err := b.m.deregMR(b.mr, b.owner, false); err != nil {
+			// Keep the old region; take the new one back.
+			if uerr := b.m.deregMR(mr, b.owner, false); uerr != nil {
+				b.m.log.Error("leaking a memory region", "lkey", mr.LKey(), "err", uerr)
+			}
+			b.m.mu.Lock()
+			b.m.chargeLocked(b.owner, n, oldLen)
+			b.m.mu.Unlock()
+			if !reuse {
+				mp.unmap()
+			}
+			return err
+		}
+	}
+	if reuse {
+		if err := b.mp.shrink(n); err != nil {
+			// Only address space is lost: the daemon never reads the tail.
+			b.m.log.Error("cannot unmap the tail of a buffer mapping", "err", err)
+		}
+	} else {
+		if err := b.mp.unmap(); err != nil {
+			b.m.log.Error("leaking a buffer mapping", "err", err)
+		}
+		b.mp = mp
+	}
+	b.mr = mr
+	b.gen++
+	b.pageSize.Store(0)
+	return nil
+}
+
+// dropLocked deregisters the region and unmaps the mapping.
+func (b *Buffer) dropLocked() error {
+	if b.mr != nil {
+		if err := b.m.deregMR(b.mr, b.owner, true); err != nil {
+			return err
 		}
 		b.mr = nil
 	}
@@ -261,11 +335,11 @@ func (b *Buffer) unregisterLocked(size uint64, cause error) error {
 		b.m.log.Error("leaking a buffer mapping", "err", err)
 		b.mp = mapping{}
 	}
-	b.size, b.state, b.reason = size, Unregistered, reason(cause)
+	b.reason = ""
 	return nil
 }
 
-// Resize sets the size and re-registers: new region first, then the old
+// Resize sets the size and registers it: new region first, then the old
 // one deregistered. Keeps the first min(old, new) bytes. Resize(0)
 // deregisters and unmaps everything (Empty). On failure the buffer keeps
 // its previous state and size.
@@ -276,177 +350,64 @@ func (b *Buffer) Resize(size uint64) error {
 		return fmt.Errorf("resize: %w", b.gone)
 	}
 	// Start from the size the kernel has: a client may have changed it.
-	// A failure there leaves the buffer Unregistered, which resizing fixes.
 	if err := b.syncedLocked(func() error { return b.resizeLocked(size) }); err != nil {
 		return fmt.Errorf("resize to %s: %w", bytesize.Format(size), err)
 	}
 	return nil
 }
 
-// resizeLocked sets the memfd's size to n and registers it. It expects
-// b.size to be the memfd's size (syncLocked just ran).
+// resizeLocked sets the file's size to n and registers it. It expects
+// b.size to be the file's size (syncLocked just ran).
 func (b *Buffer) resizeLocked(n uint64) error {
 	old := b.size
 	switch {
-	case n == old && b.state != Unregistered:
+	case n == old && b.coveredLocked():
 		return nil
 	case n == 0:
-		return b.dropAllLocked(true)
-	case b.state != Registered:
-		// Nothing mapped: map n bytes of the memfd and register them.
-		// Grow the memfd first, shrink it only once registered.
-		if n > old {
-			if err := truncate(b.fd, n); err != nil {
-				return err
-			}
-		}
-		if err := b.mapAndRegisterLocked(n); err != nil {
-			if n > old {
-				b.undoTruncate(old)
-			}
-			b.size = old
+		if err := b.dropLocked(); err != nil {
 			return err
 		}
-		if n < old {
-			if err := truncate(b.fd, n); err != nil {
-				// Keep the invariant: no registration past EOF.
-				b.unregisterLocked(old, err)
-				return err
-			}
+		if err := b.f.Truncate(0); err != nil {
+			// Nothing is registered; the next Sync learns the size.
+			return err
 		}
+		b.size, b.reason = 0, ""
 		return nil
 	case n > old:
-		if err := truncate(b.fd, n); err != nil {
+		// Grow the file first (sparse: no memory yet), shrink it only
+		// once registered.
+		if err := b.f.Truncate(n); err != nil {
 			return err
 		}
-		if err := b.growLocked(n); err != nil {
+		if err := b.registerLocked(n, b.dom, b.access); err != nil {
 			b.undoTruncate(old)
 			return err
 		}
-		return nil
 	default:
-		if err := b.shrinkLocked(n); err != nil {
+		if err := b.registerLocked(n, b.dom, b.access); err != nil {
 			return err
 		}
-		// Only now, with nothing of ours past n, truncate the memfd.
-		if err := truncate(b.fd, n); err != nil {
+		// Only now, with nothing of ours past n, cut the file.
+		if err := b.f.Truncate(n); err != nil {
 			// Registered at n while the file is longer: the next Sync
 			// registers the rest.
 			return err
 		}
-		return nil
 	}
+	b.size, b.reason = n, ""
+	return nil
 }
 
 func (b *Buffer) undoTruncate(size uint64) {
-	if err := truncate(b.fd, size); err != nil {
-		b.m.log.Error("cannot undo a memfd resize", "size", size, "err", err)
+	if err := b.f.Truncate(size); err != nil {
+		b.m.log.Error("cannot undo a resize", "size", size, "err", err)
 	}
-}
-
-// mapAndRegisterLocked maps size bytes of the memfd and registers them,
-// from a state with no mapping. On failure nothing is left mapped.
-func (b *Buffer) mapAndRegisterLocked(size uint64) error {
-	mp, err := mapMemfd(b.fd, size)
-	if err != nil {
-		return err
-	}
-	mr, err := b.m.regMR(b.fd, b.dom.pd, b.dom.handle, uintptr(mp.base), size, 0, b.access)
-	if err != nil {
-		mp.unmap()
-		return err
-	}
-	b.mp, b.mr, b.size, b.state, b.reason = mp, mr, size, Registered, ""
-	return nil
-}
-
-// growLocked re-registers a Registered buffer whose memfd is already n
-// bytes (n > size): a new mapping of the whole memfd is registered, then
-// the old region deregistered and the old mapping unmapped. Both mappings
-// show the same pages, so the old region is valid until its dereg. On
-// failure the buffer is as before.
-func (b *Buffer) growLocked(n uint64) error {
-	mp, err := mapMemfd(b.fd, n)
-	if err != nil {
-		return err
-	}
-	if err := b.replaceLocked(uintptr(mp.base), n, b.dom, b.access); err != nil {
-		mp.unmap()
-		return err
-	}
-	if err := b.mp.unmap(); err != nil {
-		b.m.log.Error("leaking a buffer mapping", "err", err)
-	}
-	b.mp, b.size = mp, n
-	return nil
-}
-
-// shrinkLocked re-registers the first n bytes (0 < n < size) of the
-// current mapping, deregisters the old region, then unmaps the mapping's
-// pages past n. It does not truncate the memfd. On failure the buffer is
-// as before.
-func (b *Buffer) shrinkLocked(n uint64) error {
-	if err := b.replaceLocked(uintptr(b.mp.base), n, b.dom, b.access); err != nil {
-		return err
-	}
-	if err := b.mp.shrink(n); err != nil {
-		// Only address space is lost: the daemon never reads the tail.
-		b.m.log.Error("cannot unmap the tail of a buffer mapping", "err", err)
-	}
-	b.size = n
-	return nil
-}
-
-// replaceLocked registers [addr, addr+length) in d with access a, then
-// deregisters the current region, if any, and installs the new one. On
-// failure the current region stays registered and nothing else changed.
-func (b *Buffer) replaceLocked(addr uintptr, length uint64, d *Domain, a verbs.Access) error {
-	var oldLen uint64
-	if b.mr != nil {
-		oldLen = b.mr.Length()
-	}
-	mr, err := b.m.regMR(b.fd, d.pd, d.handle, addr, length, oldLen, a)
-	if err != nil {
-		return err
-	}
-	if b.mr != nil {
-		if err := b.m.deregMR(b.mr, false); err != nil {
-			// Keep the old region; take the new one back.
-			if uerr := b.m.deregMR(mr, false); uerr != nil {
-				b.m.log.Error("leaking a memory region", "lkey", mr.LKey(), "err", uerr)
-			}
-			b.m.charge(length, oldLen, false)
-			return err
-		}
-	}
-	b.mr, b.state, b.reason = mr, Registered, ""
-	return nil
-}
-
-// dropAllLocked deregisters and unmaps everything, truncating the memfd
-// to 0 when asked: the buffer becomes Empty.
-func (b *Buffer) dropAllLocked(truncateFile bool) error {
-	if b.mr != nil {
-		if err := b.m.deregMR(b.mr, true); err != nil {
-			return err
-		}
-		b.mr = nil
-	}
-	if err := b.mp.unmap(); err != nil {
-		b.m.log.Error("leaking a buffer mapping", "err", err)
-		b.mp = mapping{}
-	}
-	b.size, b.state, b.reason = 0, Empty, ""
-	if truncateFile {
-		return truncate(b.fd, 0)
-	}
-	return nil
 }
 
 // SetAccess re-registers with access a. EINVAL for an invalid set,
 // EPERM outside Options.Allowed, EOPNOTSUPP when the device refuses it. A
-// failure changes nothing. An Empty or Unregistered buffer just stores a
-// for its next registration.
+// failure changes nothing. A buffer without a registration just stores a
+// for its next one.
 func (b *Buffer) SetAccess(a verbs.Access) error {
 	if err := b.m.checkAccess(a); err != nil {
 		return err
@@ -457,13 +418,13 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 		return fmt.Errorf("set access: %w", b.gone)
 	}
 	err := b.syncedLocked(func() error {
-		if b.state != Registered {
+		if b.mr == nil {
 			return nil // stored for the next registration
 		}
 		// Register anew, then deregister the old region (never
 		// ibv_rereg_mr, see verbs.MR): the old keys die, and a failure
 		// changes nothing.
-		return b.replaceLocked(uintptr(b.mp.base), b.size, b.dom, a)
+		return b.registerLocked(b.mr.Length(), b.dom, a)
 	})
 	if err != nil {
 		return fmt.Errorf("set access %s: %w", a, err)
@@ -497,10 +458,10 @@ func (b *Buffer) Move(d *Domain) error {
 		return fmt.Errorf("move to pd %d: %w", d.handle, err)
 	}
 	err = b.syncedLocked(func() error {
-		if b.state != Registered {
+		if b.mr == nil {
 			return nil
 		}
-		return b.replaceLocked(uintptr(b.mp.base), b.size, d, b.access)
+		return b.registerLocked(b.mr.Length(), d, b.access)
 	})
 	if err != nil {
 		m.mu.Lock()
@@ -527,7 +488,43 @@ func (m *Manager) reserveMove(d *Domain) error {
 	return nil
 }
 
-// ReadAt reads from the memfd (pread). Like pread, and unlike
+// SetOwner charges the buffer to uid from now on (chown): its pinned
+// bytes move to uid's quota, which must hold them (EDQUOT). On failure
+// nothing changes.
+func (b *Buffer) SetOwner(uid uint32) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gone != nil {
+		return fmt.Errorf("chown: %w", b.gone)
+	}
+	if uid == b.owner {
+		return nil
+	}
+	var n uint64
+	if b.mr != nil {
+		n = b.mr.Length()
+	}
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if q := m.opt.MaxPinnedPerUser; q > 0 && n > 0 && m.user(uid).PinnedBytes+pageRound(n) > q {
+		held := m.users[uid].PinnedBytes
+		m.unuse(uid)
+		return fmt.Errorf("chown to uid %d: %w", uid, m.refuseLocked(limitPerUser, syscall.EDQUOT,
+			fmt.Sprintf("max_pinned_per_user (%s) of uid %d reached", bytesize.Format(q), uid),
+			fmt.Sprintf("cannot give uid %d a buffer of %s: it holds %s of its max_pinned_per_user (%s)", uid, bytesize.Format(n), bytesize.Format(held), bytesize.Format(q)),
+			"value", q, "uid", uid))
+	}
+	m.chargeLocked(b.owner, n, 0)
+	m.user(b.owner).Buffers--
+	m.unuse(b.owner)
+	m.user(uid).Buffers++
+	m.chargeLocked(uid, 0, n)
+	b.owner = uid
+	return nil
+}
+
+// ReadAt reads from the file (pread). Like pread, and unlike
 // io.ReaderAt, a short read at end of file returns a nil error.
 func (b *Buffer) ReadAt(p []byte, off int64) (int, error) {
 	b.mu.RLock()
@@ -535,16 +532,12 @@ func (b *Buffer) ReadAt(p []byte, off int64) (int, error) {
 	if b.gone != nil {
 		return 0, fmt.Errorf("read: %w", b.gone)
 	}
-	n, err := unix.Pread(b.fd, p, off)
-	if err != nil {
-		return 0, fmt.Errorf("pread memfd at %d: %w", off, err)
-	}
-	return n, nil
+	return b.f.ReadAt(p, off)
 }
 
-// WriteAt writes to the memfd (pwrite), then Syncs. A write past the end
-// first resizes the buffer, so one that would pass a limit fails (ENOSPC)
-// before writing anything.
+// WriteAt writes to the file (pwrite), then Syncs. A write past the end
+// first resizes the buffer, so one that would pass a limit fails before
+// writing anything.
 func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("write at %d: %w", off, syscall.EINVAL)
@@ -565,19 +558,19 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("write %d bytes at %d: %w", len(p), off, err)
 	}
-	n, err := unix.Pwrite(b.fd, p, off)
+	n, err := b.f.WriteAt(p, off)
 	if err != nil {
 		if b.size != old {
 			if rerr := b.resizeLocked(old); rerr != nil {
 				b.m.log.Error("cannot undo a resize after a failed write", "err", rerr)
 			}
 		}
-		return 0, fmt.Errorf("pwrite memfd at %d: %w", off, err)
+		return 0, err
 	}
 	return n, b.syncLocked()
 }
 
-// Allocate is fallocate(2) on the memfd, then a Sync. When it extends
+// Allocate is fallocate(2) on the file, then a Sync. When it extends
 // the file (mode without FALLOC_FL_KEEP_SIZE), the buffer is resized
 // first, so a limit fails cleanly before anything is allocated. After
 // FALLOC_FL_PUNCH_HOLE the buffer is registered anew (keys change), since
@@ -599,57 +592,113 @@ func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 	if err != nil {
 		return fmt.Errorf("fallocate %d bytes at %d: %w", length, off, err)
 	}
-	if err := unix.Fallocate(b.fd, mode, int64(off), int64(length)); err != nil {
+	if err := b.f.Allocate(mode, off, length); err != nil {
 		if b.size != old {
 			if rerr := b.resizeLocked(old); rerr != nil {
 				b.m.log.Error("cannot undo a resize after a failed fallocate", "err", rerr)
 			}
 		}
-		return fmt.Errorf("fallocate memfd mode 0x%x: %w", mode, err)
+		return err
 	}
 	if err := b.syncLocked(); err != nil {
 		return err
 	}
-	if mode&unix.FALLOC_FL_PUNCH_HOLE != 0 && b.state == Registered {
-		// The hole's pages left the memfd, but the region still pins
+	if mode&unix.FALLOC_FL_PUNCH_HOLE != 0 && b.mr != nil {
+		// The hole's pages left the file, but the region still pins
 		// them: the device would write where no mapping looks. Register
-		// the pages the file holds now (new keys), then drop the old.
-		if err := b.replaceLocked(uintptr(b.mp.base), b.size, b.dom, b.access); err != nil {
+		// the range anew, which pins the pages the file holds now (new
+		// keys), then drop the old region.
+		if err := b.registerLocked(b.mr.Length(), b.dom, b.access); err != nil {
 			return fmt.Errorf("re-register after punching a hole: %w", err)
 		}
 	}
 	return nil
 }
 
+// Open gives a client's open its own descriptor of the file (the daemon
+// keeps none per buffer), counted against what RLIMIT_NOFILE leaves
+// clients: past it EMFILE, logged as that limit, and nothing else is
+// touched. ENOENT once freed.
+func (b *Buffer) Open() (*Fd, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.gone != nil {
+		return nil, fmt.Errorf("open: %w", b.gone)
+	}
+	m := b.m
+	m.mu.Lock()
+	if m.openFds >= m.maxOpenFds {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("open: %w", m.classifyFd(fmt.Errorf("%d clients' descriptors open: %w", m.maxOpenFds, syscall.EMFILE)))
+	}
+	m.openFds++
+	m.mu.Unlock()
+	fd, err := b.f.Open()
+	if err != nil {
+		m.mu.Lock()
+		m.openFds--
+		m.mu.Unlock()
+		return nil, fmt.Errorf("open: %w", m.classifyFd(err))
+	}
+	return &Fd{N: fd, m: m}, nil
+}
+
+// Fd is a client's descriptor of a buffer's file. It stays valid after
+// Free: the file's memory lives as long as it does.
+type Fd struct {
+	N    int
+	m    *Manager
+	once sync.Once
+}
+
+// Close closes the descriptor (once).
+func (f *Fd) Close() {
+	f.once.Do(func() {
+		unix.Close(f.N)
+		f.m.mu.Lock()
+		f.m.openFds--
+		f.m.mu.Unlock()
+	})
+}
+
 // Free deregisters the region (remote access ends at once), then unmaps
-// and closes the memfd. Later calls on the buffer fail with ENOENT; Info
+// and removes the file. Later calls on the buffer fail with ENOENT; Info
 // still works. If deregistration fails, nothing is unmapped (the device
 // could still write there) and the error is returned.
-func (b *Buffer) Free() error { return b.free(errFreed) }
+func (b *Buffer) Free() error {
+	_, err := b.free(errFreed)
+	return err
+}
 
-func (b *Buffer) free(gone error) error {
+// free is Free; it returns the bytes (whole pages) of the region it
+// deregistered, 0 when there was none.
+func (b *Buffer) free(gone error) (unpinned uint64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
-		return fmt.Errorf("free: %w", b.gone)
+		return 0, fmt.Errorf("free: %w", b.gone)
 	}
 	if b.mr != nil {
-		if err := b.m.deregMR(b.mr, true); err != nil {
-			return fmt.Errorf("free: %w", err)
+		n := b.mr.Length()
+		if err := b.m.deregMR(b.mr, b.owner, true); err != nil {
+			return 0, fmt.Errorf("free: %w", err)
 		}
+		unpinned = pageRound(n)
 		b.mr = nil
 	}
 	if err := b.mp.unmap(); err != nil {
 		b.m.log.Error("leaking a buffer mapping", "err", err)
 		b.mp = mapping{}
 	}
-	if err := unix.Close(b.fd); err != nil {
-		b.m.log.Error("closing a memfd", "err", err)
+	if err := b.f.Remove(); err != nil {
+		b.m.log.Error("removing a buffer's file", "err", err)
 	}
-	b.fd, b.state, b.reason, b.gone = -1, Empty, "", gone
+	b.f, b.reason, b.gone = nil, "", gone
 	b.m.mu.Lock()
 	delete(b.m.buffers, b)
 	b.dom.nbuf--
+	b.m.user(b.owner).Buffers--
+	b.m.unuse(b.owner)
 	b.m.mu.Unlock()
-	return nil
+	return unpinned, nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -18,11 +19,11 @@ func TestCreateEmptyAndRegistered(t *testing.T) {
 	e := setup(t, buffer.Options{}, 0)
 	b0 := e.create(t, 0)
 	check(t, e, b0, 0, buffer.Empty)
-	if b0.Fd() < 0 {
-		t.Fatal("empty buffer has no memfd")
+	if b0.File() == nil {
+		t.Fatal("empty buffer has no file")
 	}
-	if got := b0.Info(); got.Access != verbs.LocalWrite || got.PD != e.d.PD() {
-		t.Fatalf("Info %+v: want the domain's access and PD", got)
+	if got := b0.Info(); got.Access != verbs.LocalWrite || got.PD != e.d.PD() || got.Generation != 0 {
+		t.Fatalf("Info %+v: want the domain's access and PD, no registration yet", got)
 	}
 
 	b := e.create(t, 10000)
@@ -31,13 +32,17 @@ func TestCreateEmptyAndRegistered(t *testing.T) {
 	if in.LKey != in.RKey || in.LKey == 0 {
 		t.Fatalf("soft keys: lkey 0x%x rkey 0x%x", in.LKey, in.RKey)
 	}
-	// The memory is the memfd's: what the daemon mapping holds, pread sees.
+	if in.Generation != 1 {
+		t.Fatalf("Generation %d after one registration", in.Generation)
+	}
+	// The memory is the file's: what the daemon mapping holds, pread sees.
 	copy(b.Mem(), pattern(10000, 1))
 	if !bytes.Equal(readAll(t, b), pattern(10000, 1)) {
 		t.Fatal("pread does not see the registered mapping's bytes")
 	}
 	st := e.m.Stats()
-	if st.Buffers != 2 || st.PDs != 1 || st.RegisteredBytes != 10000 || st.PinnedBytes != 3*page {
+	if st.Buffers != 2 || st.PDs != 1 || st.RegisteredBytes != 10000 || st.PinnedBytes != 3*page ||
+		len(st.Users) != 1 || st.Users[0] != (buffer.UserStats{Buffers: 2, PinnedBytes: 3 * page}) {
 		t.Fatalf("Stats %+v", st)
 	}
 	if e.d.Buffers() != 2 || e.m.Regions() != 1 {
@@ -54,7 +59,7 @@ func TestResizeSequence(t *testing.T) {
 	want := pattern(page, 3)
 	for _, size := range []uint64{10000, 3, 1 << 20, 1<<20 + 1, 5000, 4096, 0, 7000, 100, 0, 0, 64 << 10} {
 		old := b.MR()
-		oldKey := b.Info().RKey
+		oldKey, oldGen := b.Info().RKey, b.Info().Generation
 		if err := b.Resize(size); err != nil {
 			t.Fatalf("Resize(%d): %v", size, err)
 		}
@@ -69,6 +74,9 @@ func TestResizeSequence(t *testing.T) {
 				t.Fatalf("Resize(%d) kept rkey 0x%x", size, oldKey)
 			}
 		}
+		if size > 0 && uint64(len(want)) != size && b.Info().Generation != oldGen+1 {
+			t.Fatalf("Resize(%d): generation %d -> %d", size, oldGen, b.Info().Generation)
+		}
 		// The first min(old, new) bytes are kept, the rest reads 0.
 		keep := min(uint64(len(want)), size)
 		got := readAll(t, b)
@@ -79,7 +87,7 @@ func TestResizeSequence(t *testing.T) {
 			t.Fatalf("Resize(%d): grown part is not zero", size)
 		}
 		if size > 0 && !bytes.Equal(b.Mem(), got) {
-			t.Fatalf("Resize(%d): mapping and memfd disagree", size)
+			t.Fatalf("Resize(%d): mapping and file disagree", size)
 		}
 		want = pattern(size, byte(size))
 		if size > 0 {
@@ -94,7 +102,7 @@ func TestResizeSequence(t *testing.T) {
 	}
 }
 
-// TestSyncExternalGrow writes past EOF through another fd of the memfd, as
+// TestSyncExternalGrow writes past EOF through another fd of the file, as
 // a passthrough client does, and checks Sync registers the new size.
 func TestSyncExternalGrow(t *testing.T) {
 	e := setup(t, buffer.Options{}, 0)
@@ -174,40 +182,48 @@ func TestSyncExternalShrink(t *testing.T) {
 	check(t, e, b, 1, buffer.Registered)
 }
 
-// TestSyncUnregisteredOnLimit lets a client grow a buffer past
-// max_pinned: Sync must drop the old region, say why, and register again
-// once the size fits.
-func TestSyncUnregisteredOnLimit(t *testing.T) {
+// TestSyncKeepsRegistrationOnLimit lets a client grow a buffer past
+// max_pinned: Sync keeps the registration it had (still the file's first
+// bytes), says why, and registers the whole file once it fits.
+func TestSyncKeepsRegistrationOnLimit(t *testing.T) {
 	e := setup(t, buffer.Options{MaxPinned: 4 * page}, 0)
 	b := e.create(t, 2*page)
 	copy(b.Mem(), pattern(2*page, 4))
 	f := outside(t, b)
-	old := b.MR()
+	before := b.Info()
 	if _, err := f.WriteAt([]byte("big"), 8*page); err != nil {
 		t.Fatal(err)
 	}
 	err := b.Sync()
-	errnoIs(t, err, syscall.ENOSPC)
+	errnoIs(t, err, syscall.EFBIG) // more than the whole budget
 	size := uint64(8*page + 3)
-	check(t, e, b, size, buffer.Unregistered)
-	if r := b.Info().Reason; r != "max_pinned (16 KiB) reached" {
-		t.Fatalf("Reason %q", r)
+	in := b.Info()
+	if in.State != buffer.Registered || in.Size != size || in.Length != 2*page || in.RKey != before.RKey || in.Generation != before.Generation {
+		t.Fatalf("after a Sync past the budget: %+v, was %+v", in, before)
 	}
-	deadMR(t, old)
-	if st := e.m.Stats(); st.PinnedBytes != 0 || st.RegisteredBytes != 0 {
+	if in.Reason != "32771 B is past max_pinned (16 KiB)" {
+		t.Fatalf("Reason %q", in.Reason)
+	}
+	if st := e.m.Stats(); st.PinnedBytes != 2*page || st.RegisteredBytes != 2*page {
 		t.Fatalf("Stats %+v", st)
 	}
 	if !strings.Contains(e.log.String(), "max_pinned (16 KiB)") || !strings.Contains(e.log.String(), "buffers.max_pinned") {
 		t.Fatalf("log does not name the limit: %s", e.log.String())
 	}
-	// Still too big: stays Unregistered, still readable.
-	errnoIs(t, b.Sync(), syscall.ENOSPC)
-	if got := readAll(t, b); !bytes.Equal(got[:2*page], pattern(2*page, 4)) {
-		t.Fatal("data lost while unregistered")
+	// Still too big: the registration stays, the bytes are all there.
+	errnoIs(t, b.Sync(), syscall.EFBIG)
+	if !bytes.Equal(b.Mem(), pattern(2*page, 4)) {
+		t.Fatal("the registered bytes changed")
 	}
-	// A SetAccess while unregistered is stored for the next registration.
+	if got := readAll(t, b); !bytes.Equal(got[:2*page], pattern(2*page, 4)) || string(got[8*page:]) != "big" {
+		t.Fatal("data lost while partly registered")
+	}
+	// An access change re-registers what is registered.
 	if err := b.SetAccess(verbs.LocalWrite | verbs.RemoteRead); err != nil {
 		t.Fatal(err)
+	}
+	if in := b.Info(); in.Length != 2*page || in.Reason == "" || b.MR().Access() != verbs.LocalWrite|verbs.RemoteRead {
+		t.Fatalf("after SetAccess: %+v", in)
 	}
 	if err := f.Truncate(3 * page); err != nil {
 		t.Fatal(err)
@@ -216,31 +232,46 @@ func TestSyncUnregisteredOnLimit(t *testing.T) {
 		t.Fatalf("Sync once it fits: %v", err)
 	}
 	check(t, e, b, 3*page, buffer.Registered)
-	if b.Info().Reason != "" || b.MR().Access() != verbs.LocalWrite|verbs.RemoteRead {
+	if b.MR().Access() != verbs.LocalWrite|verbs.RemoteRead {
 		t.Fatalf("after re-registration: %+v", b.Info())
 	}
-	// Resize also leaves Unregistered: make it too big again, then Resize
-	// down into the limit.
+	// Too big again, then Resize down into the budget.
 	if err := f.Truncate(10 * page); err != nil {
 		t.Fatal(err)
 	}
-	errnoIs(t, b.Sync(), syscall.ENOSPC)
+	errnoIs(t, b.Sync(), syscall.EFBIG)
 	if err := b.Resize(page); err != nil {
-		t.Fatalf("Resize out of Unregistered: %v", err)
+		t.Fatalf("Resize out of a partial registration: %v", err)
 	}
 	check(t, e, b, page, buffer.Registered)
+	// An empty buffer grown past the budget stays unregistered.
+	z := e.create(t, 0)
+	fz := outside(t, z)
+	if _, err := fz.WriteAt([]byte("z"), 6*page); err != nil {
+		t.Fatal(err)
+	}
+	errnoIs(t, z.Sync(), syscall.EFBIG)
+	check(t, e, z, 6*page+1, buffer.Unregistered)
 }
 
 // TestResizeLimitChangesNothing hits max_pinned on grow and checks the
-// buffer, its keys, its bytes and the memfd are as before.
+// buffer, its keys, its bytes and the file are as before: ENOSPC for a
+// size that fits the budget but not what is free now, EFBIG for one
+// past the whole budget.
 func TestResizeLimitChangesNothing(t *testing.T) {
 	e := setup(t, buffer.Options{MaxPinned: 4 * page}, 0)
+	clock := time.Unix(1000, 0)
+	defer buffer.SetClock(func() time.Time { return clock })()
 	other := e.create(t, page)
 	b := e.create(t, 2*page)
 	copy(b.Mem(), pattern(2*page, 8))
 	before := b.Info()
-	for _, size := range []uint64{3*page + 1, 100 * page} {
-		errnoIs(t, b.Resize(size), syscall.ENOSPC)
+	for _, c := range []struct {
+		size uint64
+		want syscall.Errno
+	}{{3*page + 1, syscall.ENOSPC}, {100 * page, syscall.EFBIG}, {4*page + 1, syscall.EFBIG}} {
+		size := c.size
+		errnoIs(t, b.Resize(size), c.want)
 		check(t, e, b, 2*page, buffer.Registered)
 		if b.Info() != before {
 			t.Fatalf("failed Resize changed Info: %+v -> %+v", before, b.Info())
@@ -256,12 +287,13 @@ func TestResizeLimitChangesNothing(t *testing.T) {
 	if err := b.SetAccess(verbs.LocalWrite | verbs.RemoteWrite); err != nil {
 		t.Fatalf("SetAccess at the limit: %v", err)
 	}
-	// Repeated refusals are logged once, until a growth fits again.
+	// Refusals by one limit are logged once a minute.
 	if n := strings.Count(e.log.String(), "raise buffers.max_pinned"); n != 1 {
 		t.Fatalf("max_pinned logged %d times:\n%s", n, e.log.String())
 	}
 	errnoIs(t, other.Resize(2*page), syscall.ENOSPC)
-	_, err := e.m.Create(e.d, page)
+	clock = clock.Add(61 * time.Second)
+	_, err := e.m.Create(e.d, page, 0)
 	errnoIs(t, err, syscall.ENOSPC)
 	if e.m.Stats().Buffers != 2 {
 		t.Fatal("failed Create left a buffer")
@@ -279,10 +311,12 @@ func TestResizeLimitChangesNothing(t *testing.T) {
 
 func TestMaxBuffers(t *testing.T) {
 	e := setup(t, buffer.Options{MaxBuffers: 2}, 0)
+	clock := time.Unix(1000, 0)
+	defer buffer.SetClock(func() time.Time { return clock })()
 	a := e.create(t, page)
 	e.create(t, 0)
 	for range 3 {
-		_, err := e.m.Create(e.d, page)
+		_, err := e.m.Create(e.d, page, 0)
 		errnoIs(t, err, syscall.ENOSPC)
 	}
 	if n := strings.Count(e.log.String(), "max_buffers (2) reached; raise buffers.max_buffers in the config"); n != 1 {
@@ -295,11 +329,12 @@ func TestMaxBuffers(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.create(t, page)
-	// Cleared, so the next refusal is logged again.
-	_, err := e.m.Create(e.d, 0)
+	// A minute later the next refusal is logged again.
+	clock = clock.Add(time.Minute)
+	_, err := e.m.Create(e.d, 0, 0)
 	errnoIs(t, err, syscall.ENOSPC)
 	if n := strings.Count(e.log.String(), "max_buffers (2) reached"); n != 2 {
-		t.Fatalf("max_buffers logged %d times after it cleared", n)
+		t.Fatalf("max_buffers logged %d times a minute later", n)
 	}
 }
 
@@ -310,7 +345,7 @@ func TestMaxMR(t *testing.T) {
 	e := setup(t, buffer.Options{}, 2)
 	a := e.create(t, page)
 	b := e.create(t, page)
-	_, err := e.m.Create(e.d, page)
+	_, err := e.m.Create(e.d, page, 0)
 	errnoIs(t, err, syscall.EINVAL)
 	before := a.Info()
 	copy(a.Mem(), pattern(page, 2))
@@ -323,32 +358,41 @@ func TestMaxMR(t *testing.T) {
 	if !strings.Contains(e.log.String(), "max_mr is 2") {
 		t.Fatalf("log does not name max_mr:\n%s", e.log.String())
 	}
-	// A client grows b: Sync cannot register, b is Unregistered.
+	// A client grows b: Sync cannot register (the replacement needs a
+	// third region), so b keeps the region it has and says why.
 	f := outside(t, b)
 	if _, err := f.WriteAt([]byte("x"), 2*page); err != nil {
 		t.Fatal(err)
 	}
 	errnoIs(t, b.Sync(), syscall.EINVAL)
-	if in := b.Info(); in.State != buffer.Unregistered || in.Reason != "device max_mr (2) reached" {
+	if in := b.Info(); in.State != buffer.Registered || in.Length != page || in.Size != 2*page+1 || in.Reason != "device max_mr (2) reached" {
 		t.Fatalf("Info %+v", in)
 	}
-	// b's index is free now, so a can grow; a third buffer takes the last
-	// index and b's next Sync fails again until that one goes.
-	if err := a.Resize(2 * page); err != nil {
-		t.Fatal(err)
-	}
-	c := e.create(t, page)
-	errnoIs(t, b.Sync(), syscall.EINVAL)
-	if n := strings.Count(e.log.String(), "max_mr is 2"); n != 2 { // cleared by the registrations in between
-		t.Fatalf("max_mr logged %d times", n)
-	}
-	if err := c.Free(); err != nil {
+	// Once a goes, b's next Sync registers it whole.
+	if err := a.Free(); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	check(t, e, b, 2*page+1, buffer.Registered)
+}
+
+// An EINVAL from the device is max_mr only when mrfs holds max_mr
+// regions; otherwise it is the device's own answer and names no limit.
+func TestEinvalIsNotAlwaysMaxMR(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	b := e.create(t, page)
+	e.dev.mu.Lock()
+	e.dev.failReg = func(uint64, verbs.Access) error { return fmt.Errorf("injected: %w", syscall.EINVAL) }
+	e.dev.mu.Unlock()
+	errnoIs(t, b.Resize(2*page), syscall.EINVAL)
+	e.dev.mu.Lock()
+	e.dev.failReg = nil
+	e.dev.mu.Unlock()
+	if strings.Contains(e.log.String(), "max_mr") {
+		t.Fatalf("an EINVAL with 1 region was logged as max_mr:\n%s", e.log.String())
+	}
 }
 
 func TestSetAccess(t *testing.T) {
@@ -432,7 +476,7 @@ func TestDomainDefaultAccess(t *testing.T) {
 	if err := d.SetDefaultAccess(a); err != nil {
 		t.Fatal(err)
 	}
-	b, err := e.m.Create(d, page)
+	b, err := e.m.Create(d, page, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,8 +529,10 @@ func TestMoveAndDomainClose(t *testing.T) {
 	if b.Info() != before || e.d.Buffers() != 0 || d2.Buffers() != 2 {
 		t.Fatal("failed Move changed something")
 	}
-	if !strings.Contains(e.log.String(), "RLIMIT_MEMLOCK") || !strings.Contains(e.log.String(), "ulimit -l") {
-		t.Fatalf("ENOMEM not explained in the log:\n%s", e.log.String())
+	// ENOMEM is RLIMIT_MEMLOCK only where that limit applies (not with
+	// CAP_IPC_LOCK, which root has).
+	if blames := strings.Contains(e.log.String(), "RLIMIT_MEMLOCK"); blames != (verbs.MemlockLimit() != 0) {
+		t.Fatalf("ENOMEM with RLIMIT_MEMLOCK %d: the log blames it: %v\n%s", verbs.MemlockLimit(), blames, e.log.String())
 	}
 	e.dev.mu.Lock()
 	e.dev.failReg = nil
@@ -496,7 +542,7 @@ func TestMoveAndDomainClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	errnoIs(t, e.d.Close(), syscall.ENOENT)
-	_, err = e.m.Create(e.d, 0)
+	_, err = e.m.Create(e.d, 0, 0)
 	errnoIs(t, err, syscall.ENOENT)
 	errnoIs(t, b.Move(e.d), syscall.ENOENT)
 	errnoIs(t, e.d.SetDefaultAccess(verbs.LocalWrite), syscall.ENOENT)
@@ -506,22 +552,22 @@ func TestMoveAndDomainClose(t *testing.T) {
 }
 
 // TestFree checks the order (deregister while still mapped, then unmap,
-// then close) and that the buffer answers ENOENT afterwards.
+// then remove) and that the buffer answers ENOENT afterwards.
 func TestFree(t *testing.T) {
 	e := setup(t, buffer.Options{}, 0)
 	b := e.create(t, 3*page+1)
-	fd := b.Fd()
+	f := b.File()
 	mr := b.MR()
 	if err := b.Free(); err != nil {
 		t.Fatal(err)
 	}
 	e.dev.checkViolations(t) // the spy saw the memory mapped at dereg
 	deadMR(t, mr)
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
-		t.Fatalf("memfd still open after Free: %v", err)
+	if _, _, err := f.Stat(); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("the file is still in the store after Free: %v", err)
 	}
-	if b.Fd() != -1 {
-		t.Fatal("Fd after Free")
+	if b.File() != nil {
+		t.Fatal("File after Free")
 	}
 	if in := b.Info(); in.State != buffer.Empty || in.Size != 3*page+1 || in.LKey != 0 {
 		t.Fatalf("Info after Free: %+v", in)
@@ -612,7 +658,7 @@ func TestReadWriteAllocate(t *testing.T) {
 	}
 	// A write that would pass max_pinned fails before writing.
 	_, err = b.WriteAt([]byte("x"), 20*page)
-	errnoIs(t, err, syscall.ENOSPC)
+	errnoIs(t, err, syscall.EFBIG)
 	check(t, e, b, 2*page+5, buffer.Registered)
 
 	if err := b.Allocate(0, 4*page, 0); err != nil {
@@ -635,7 +681,7 @@ func TestReadWriteAllocate(t *testing.T) {
 	}
 	deadMR(t, punched)
 	check(t, e, b, 4*page, buffer.Registered)
-	errnoIs(t, b.Allocate(0, 9*page, 0), syscall.ENOSPC)
+	errnoIs(t, b.Allocate(0, 9*page, 0), syscall.EFBIG)
 	check(t, e, b, 4*page, buffer.Registered)
 	errnoIs(t, b.Allocate(0, page, unix.FALLOC_FL_ZERO_RANGE), syscall.EOPNOTSUPP)
 }
@@ -652,7 +698,7 @@ func TestManagerClose(t *testing.T) {
 	var bufs []*buffer.Buffer
 	var mrs []verbs.MR
 	for i, d := range []*buffer.Domain{e.d, d2, e.d, d2} {
-		b, err := e.m.Create(d, uint64(i)*100*page)
+		b, err := e.m.Create(d, uint64(i)*100*page, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -665,11 +711,15 @@ func TestManagerClose(t *testing.T) {
 		t.Fatal("VmLck did not change while 600 KiB were registered")
 	}
 	pds := []verbs.PD{e.d.VerbsPD(), d2.VerbsPD()}
-	if err := e.m.Close(); err != nil {
+	freed, err := e.m.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.m.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
+	if want := (buffer.Freed{Regions: 3, PDs: 2, UnpinnedBytes: 600 * page}); freed != want {
+		t.Fatalf("Close freed %+v, want %+v", freed, want)
+	}
+	if again, err := e.m.Close(); err != nil || again != (buffer.Freed{}) {
+		t.Fatalf("second Close: %+v, %v", again, err)
 	}
 	if got := vmLck(t); got != lckBefore {
 		t.Fatalf("VmLck %s after Close, %s before", got, lckBefore)
@@ -684,16 +734,16 @@ func TestManagerClose(t *testing.T) {
 		errnoIs(t, pd.Dealloc(), syscall.EINVAL)
 	}
 	for _, b := range bufs {
-		if b.Fd() != -1 || b.MappedLen() != 0 {
-			t.Fatal("buffer still open after Close")
+		if b.File() != nil || b.MappedLen() != 0 {
+			t.Fatal("buffer still has its file after Close")
 		}
 		errnoIs(t, b.Resize(1), syscall.ENODEV)
 		errnoIs(t, b.Free(), syscall.ENODEV)
 	}
-	if st := e.m.Stats(); st != (buffer.Stats{}) {
+	if st := e.m.Stats(); st.Buffers != 0 || st.PDs != 0 || st.RegisteredBytes != 0 || st.PinnedBytes != 0 || len(st.Users) != 0 {
 		t.Fatalf("Stats after Close: %+v", st)
 	}
-	_, err = e.m.Create(e.d, 0)
+	_, err = e.m.Create(e.d, 0, 0)
 	errnoIs(t, err, syscall.ENODEV)
 	_, err = e.m.NewDomain(verbs.LocalWrite)
 	errnoIs(t, err, syscall.ENODEV)
@@ -709,7 +759,7 @@ func TestStateString(t *testing.T) {
 	}
 }
 
-// TestClientTruncatesDuringRegistration shrinks the memfd while Sync
+// TestClientTruncatesDuringRegistration shrinks the file while Sync
 // registers the grown size, as a client racing the daemon can: the
 // registration fails on pages past EOF, and Sync must learn the new size
 // and register that instead of blaming a limit.

@@ -51,7 +51,7 @@ func TestConcurrency(t *testing.T) {
 				}
 				switch r.IntN(12) {
 				case 0:
-					nb, err := e.m.Create(domains[r.IntN(2)], uint64(r.IntN(5*page)))
+					nb, err := e.m.Create(domains[r.IntN(2)], uint64(r.IntN(5*page)), 0)
 					ok(err)
 					if err == nil {
 						own = append(own, nb)
@@ -60,8 +60,9 @@ func TestConcurrency(t *testing.T) {
 					ok(b.Resize(uint64(r.IntN(8 * page))))
 				case 2:
 					// A client writing past EOF through its own fd.
-					if fd := b.Fd(); fd >= 0 {
-						_, _ = unix.Pwrite(fd, []byte("client"), int64(r.IntN(6*page)))
+					if fd, err := b.Open(); err == nil {
+						_, _ = unix.Pwrite(fd.N, []byte("client"), int64(r.IntN(6*page)))
+						fd.Close()
 					}
 					ok(b.Sync())
 				case 3:
@@ -108,8 +109,9 @@ func TestConcurrency(t *testing.T) {
 						}
 					}
 				case 11:
-					if fd := b.Fd(); fd >= 0 {
-						_ = unix.Ftruncate(fd, int64(r.IntN(3*page)))
+					if fd, err := b.Open(); err == nil {
+						_ = unix.Ftruncate(fd.N, int64(r.IntN(3*page)))
+						fd.Close()
 					}
 					ok(b.Sync())
 				}
@@ -118,7 +120,7 @@ func TestConcurrency(t *testing.T) {
 	}
 	wg.Wait()
 
-	if err := e.m.Close(); err != nil {
+	if _, err := e.m.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if mrs, pds := e.dev.counts(); mrs != 0 || pds != 0 {
@@ -136,7 +138,7 @@ func TestConcurrentTotals(t *testing.T) {
 	for w := range 8 {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(w), 2))
-			b, err := e.m.Create(e.d, uint64(r.IntN(3*page)))
+			b, err := e.m.Create(e.d, uint64(r.IntN(3*page)), 0)
 			if err != nil {
 				t.Error(err)
 				return
@@ -186,7 +188,7 @@ func TestCloseRacesCreate(t *testing.T) {
 		for range 4 {
 			wg.Go(func() {
 				for i := range 30 {
-					b, err := e.m.Create(e.d, uint64(i+1)*page)
+					b, err := e.m.Create(e.d, uint64(i+1)*page, 0)
 					if err != nil {
 						if !errors.Is(err, syscall.ENODEV) {
 							t.Error(err)
@@ -199,7 +201,7 @@ func TestCloseRacesCreate(t *testing.T) {
 				}
 			})
 		}
-		if err := e.m.Close(); err != nil {
+		if _, err := e.m.Close(); err != nil {
 			t.Error(err)
 		}
 		wg.Wait()

@@ -1,8 +1,10 @@
 package buffer
 
 import (
+	"time"
 	"unsafe"
 
+	"mrfs/store"
 	"mrfs/verbs"
 )
 
@@ -13,15 +15,15 @@ func (b *Buffer) MR() verbs.MR {
 	return b.mr
 }
 
-// Mem is the daemon's mapping of the buffer's first Size bytes, for tests
-// that write and read through the very memory that is registered.
+// Mem is the daemon's mapping of the registered bytes, for tests that
+// write and read through the very memory that is registered.
 func (b *Buffer) Mem() []byte {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if b.mp.base == nil {
+	if b.mr == nil {
 		return nil
 	}
-	return unsafe.Slice((*byte)(b.mp.base), b.size)
+	return unsafe.Slice((*byte)(b.mp.base), b.mr.Length())
 }
 
 // MappedLen is the length of the daemon's mapping.
@@ -40,5 +42,19 @@ func (m *Manager) Regions() int {
 
 var PageRound = pageRound
 
+// File is the buffer's file in the store (nil once freed).
+func (b *Buffer) File() store.File {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.f
+}
+
 // unsafePointer is for tests that compare a slice with a region address.
 func UnsafePointer(p []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(p)) }
+
+// SetClock makes the manager's clock (limit-log rate) f until restore.
+func SetClock(f func() time.Time) (restore func()) {
+	old := now
+	now = f
+	return func() { now = old }
+}

@@ -3,6 +3,7 @@ package buffer_test
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/buffer"
+	"mrfs/store"
 	"mrfs/verbs"
 	"mrfs/verbs/soft"
 )
@@ -48,9 +50,26 @@ type env struct {
 	log *logBuf
 }
 
+// newStore is the store the tests run on: the private tmpfs instance the
+// daemon uses, as root; memfds otherwise (fsopen needs CAP_SYS_ADMIN).
+// Its size is the budget, as the daemon makes it.
+func newStore(t *testing.T, opt buffer.Options) store.Store {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return store.NewMemfd()
+	}
+	s, err := store.NewTmpfs(store.TmpfsOptions{Size: opt.MaxPinned, Files: uint64(opt.MaxBuffers), Huge: "never"})
+	if err != nil {
+		t.Fatalf("the tmpfs store as root: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // setup opens a soft device (maxMR 0: rxe's) behind a spy and a manager
-// with opt (Allowed defaults to allowed). Cleanup closes the manager and
-// checks the device holds no region and no PD afterwards.
+// with opt (Allowed defaults to allowed, Store to newStore). Cleanup
+// closes the manager and checks the device holds no region and no PD
+// afterwards.
 func setup(t *testing.T, opt buffer.Options, maxMR int) *env {
 	t.Helper()
 	dev, err := soft.New(soft.Options{MaxMR: maxMR}).Open("")
@@ -60,6 +79,9 @@ func setup(t *testing.T, opt buffer.Options, maxMR int) *env {
 	if opt.Allowed == 0 {
 		opt.Allowed = allowed
 	}
+	if opt.Store == nil {
+		opt.Store = newStore(t, opt)
+	}
 	e := &env{dev: &spy{Device: dev, t: t}, log: &logBuf{}}
 	e.m = buffer.NewManager(e.dev, opt, slog.New(slog.NewTextHandler(e.log, nil)))
 	e.d, err = e.m.NewDomain(verbs.LocalWrite)
@@ -67,7 +89,7 @@ func setup(t *testing.T, opt buffer.Options, maxMR int) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := e.m.Close(); err != nil {
+		if _, err := e.m.Close(); err != nil {
 			t.Errorf("Manager.Close: %v", err)
 		}
 		if mrs, pds := e.dev.counts(); mrs != 0 || pds != 0 {
@@ -83,15 +105,15 @@ func setup(t *testing.T, opt buffer.Options, maxMR int) *env {
 
 func (e *env) create(t *testing.T, size uint64) *buffer.Buffer {
 	t.Helper()
-	b, err := e.m.Create(e.d, size)
+	b, err := e.m.Create(e.d, size, 0)
 	if err != nil {
 		t.Fatalf("Create(%d): %v", size, err)
 	}
 	return b
 }
 
-// check asserts the buffer's invariants: the memfd's size, the state,
-// and for a registered buffer that the region is the whole memfd, at the
+// check asserts the buffer's invariants: the file's size, the state,
+// and for a registered buffer that the region is the whole file, at the
 // daemon's mapping, and that the manager and device count one region.
 func check(t *testing.T, e *env, b *buffer.Buffer, size uint64, state buffer.State) {
 	t.Helper()
@@ -99,8 +121,8 @@ func check(t *testing.T, e *env, b *buffer.Buffer, size uint64, state buffer.Sta
 	if in.Size != size || in.State != state {
 		t.Fatalf("Info: size %d state %v (%q), want %d %v", in.Size, in.State, in.Reason, size, state)
 	}
-	if got := fdSize(t, b.Fd()); got != size {
-		t.Fatalf("memfd size %d, want %d", got, size)
+	if got := fileSize(t, b); got != size {
+		t.Fatalf("file size %d, want %d", got, size)
 	}
 	mr := b.MR()
 	switch state {
@@ -108,7 +130,7 @@ func check(t *testing.T, e *env, b *buffer.Buffer, size uint64, state buffer.Sta
 		if mr == nil {
 			t.Fatal("registered without a region")
 		}
-		if mr.Length() != size || in.Addr != mr.Addr() || in.LKey != mr.LKey() || in.RKey != mr.RKey() {
+		if mr.Length() != size || in.Length != size || in.Reason != "" || in.Addr != mr.Addr() || in.LKey != mr.LKey() || in.RKey != mr.RKey() {
 			t.Fatalf("Info %+v does not match region len %d addr 0x%x lkey 0x%x", in, mr.Length(), mr.Addr(), mr.LKey())
 		}
 		if mem := b.Mem(); uintptr(len(mem)) != uintptr(size) || mr.Addr() != uintptr(buffer.UnsafePointer(mem)) {
@@ -128,27 +150,35 @@ func check(t *testing.T, e *env, b *buffer.Buffer, size uint64, state buffer.Sta
 			t.Fatalf("%v buffer keeps a %d-byte mapping", state, b.MappedLen())
 		}
 	}
-	if n := mappingsOf(t, b.Fd()); state == buffer.Registered && n != 1 || state != buffer.Registered && n != 0 {
-		t.Fatalf("%d daemon mappings of the memfd in state %v", n, state)
+	if n := mappingsOf(t, b); state == buffer.Registered && n != 1 || state != buffer.Registered && n != 0 {
+		t.Fatalf("%d daemon mappings of the file in state %v", n, state)
 	}
 }
 
-func fdSize(t *testing.T, fd int) uint64 {
+func fileSize(t *testing.T, b *buffer.Buffer) uint64 {
 	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	size, _, err := b.File().Stat()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return uint64(st.Size)
+	return size
 }
 
-// mappingsOf counts the lines of /proc/self/maps that map the memfd.
-func mappingsOf(t *testing.T, fd int) int {
+// mappingsOf counts the lines of /proc/self/maps that map b's file (by
+// device and inode).
+func mappingsOf(t *testing.T, b *buffer.Buffer) int {
 	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	fd, err := b.File().Open()
+	if err != nil {
 		t.Fatal(err)
 	}
+	var st unix.Stat_t
+	err = unix.Fstat(fd, &st)
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
 		t.Fatal(err)
@@ -158,20 +188,26 @@ func mappingsOf(t *testing.T, fd int) int {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) >= 6 && strings.HasPrefix(fs[5], "/memfd:mrfs") && fs[4] == strconv.FormatUint(st.Ino, 10) {
+		if len(fs) >= 5 && fs[3] == dev && fs[4] == strconv.FormatUint(st.Ino, 10) {
 			n++
 		}
 	}
 	return n
 }
 
-// outside opens the memfd again, as a client's passthrough fd would.
+// outside opens the file again, as a client's passthrough open does.
 func outside(t *testing.T, b *buffer.Buffer) *os.File {
 	t.Helper()
-	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(b.Fd()), os.O_RDWR, 0)
+	fd, err := b.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer fd.Close()
+	n, err := unix.FcntlInt(uintptr(fd.N), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(n), "client")
 	t.Cleanup(func() { f.Close() })
 	return f
 }

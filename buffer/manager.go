@@ -6,48 +6,94 @@ import (
 	"log/slog"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"mrfs/internal/bytesize"
+	"mrfs/internal/sysmem"
+	"mrfs/store"
 	"mrfs/verbs"
 )
 
 // Manager owns every buffer and domain of one device.
 type Manager struct {
-	dev  verbs.Device
-	attr verbs.DeviceAttr // queried once: device limits do not change
-	opt  Options
-	log  *slog.Logger
+	dev    verbs.Device
+	attr   verbs.DeviceAttr // queried once: device limits do not change
+	opt    Options
+	store  store.Store
+	memory func() (sysmem.Memory, error)
+	events Events
+	log    *slog.Logger
 
 	mu sync.Mutex
-	// guards (with mu): the sets of buffers and domains, counters.
+	// guards (with mu): the sets of buffers and domains, every Domain's
+	// mutable fields, the counters, the per-user charges, the
+	// limit-warning times and the open descriptors.
 	closed     bool
 	buffers    map[*Buffer]struct{}
 	domains    map[*Domain]struct{}
 	registered uint64 // sum of registered lengths, net of a replacement in flight
 	pinned     uint64 // the same in whole pages
 	regions    int    // live regions, counting both during a replacement
-	warned     map[limitKind]bool
+	users      map[uint32]*UserStats
+	warned     map[limitKind]time.Time
 	nextID     uint64
+	openFds    int
+	maxOpenFds int
 }
 
-// NewManager returns a Manager registering on dev. It does not own dev:
-// Close does not close it. A nil log discards messages.
+// NewManager returns a Manager registering on dev. It does not own dev or
+// opt.Store: Close closes neither. A nil log discards messages.
 func NewManager(dev verbs.Device, opt Options, log *slog.Logger) *Manager {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{
+	if opt.Store == nil {
+		opt.Store = store.NewMemfd()
+	}
+	if opt.Memory == nil {
+		opt.Memory = sysmem.Read
+	}
+	if opt.FdReserve <= 0 {
+		opt.FdReserve = 128
+	}
+	events := opt.Events
+	if events == nil {
+		events = noEvents{}
+	}
+	m := &Manager{
 		dev:     dev,
 		attr:    dev.Attr(),
 		opt:     opt,
+		store:   opt.Store,
+		memory:  opt.Memory,
+		events:  events,
 		log:     log,
 		buffers: make(map[*Buffer]struct{}),
 		domains: make(map[*Domain]struct{}),
-		warned:  make(map[limitKind]bool),
+		users:   make(map[uint32]*UserStats),
+		warned:  make(map[limitKind]time.Time),
 	}
+	m.maxOpenFds = maxOpenFds(opt.FdReserve)
+	return m
 }
+
+// maxOpenFds is what RLIMIT_NOFILE leaves clients' opens once reserve
+// descriptors are kept for the daemon's own use.
+func maxOpenFds(reserve int) int {
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil || rl.Cur > 1<<30 {
+		return 1 << 30
+	}
+	return max(int(rl.Cur)-reserve, 16)
+}
+
+type noEvents struct{}
+
+func (noEvents) Registered(uint64, time.Duration) {}
+func (noEvents) Deregistered(uint64)              {}
+func (noEvents) LimitHit(string)                  {}
 
 // Device is the device buffers are registered on.
 func (m *Manager) Device() verbs.Device { return m.dev }
@@ -57,13 +103,27 @@ func (m *Manager) Options() Options { return m.opt }
 
 // Stats returns current totals.
 func (m *Manager) Stats() Stats {
+	used, size, ok := m.store.Usage()
+	if !ok {
+		size = 0
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	users := make(map[uint32]UserStats, len(m.users))
+	for uid, u := range m.users {
+		users[uid] = *u
+	}
 	return Stats{
 		Buffers:         len(m.buffers),
 		PDs:             len(m.domains),
 		RegisteredBytes: m.registered,
 		PinnedBytes:     m.pinned,
+		Users:           users,
+		Store:           m.store.Kind(),
+		StoreUsed:       used,
+		StoreSize:       size,
+		OpenFds:         m.openFds,
+		MaxOpenFds:      m.maxOpenFds,
 	}
 }
 
@@ -85,14 +145,19 @@ func (m *Manager) checkAccess(a verbs.Access) error {
 }
 
 // Close closes what is attached to the domains (remote connections,
-// queue pairs), frees every buffer (deregister, unmap, close) and
-// deallocates every domain. Operations on them afterwards fail with
-// ENODEV. Close is idempotent; it does not close the device.
-func (m *Manager) Close() error {
+// queue pairs), frees every buffer (deregister, unmap, remove) and
+// deallocates every domain. It returns what it freed itself, counted as
+// each call to the device succeeds, so that the caller reports the
+// teardown that happened rather than the totals before it. Operations on
+// the buffers and domains afterwards fail with ENODEV. Close is
+// idempotent (a second call frees nothing); it closes neither the device
+// nor the store.
+func (m *Manager) Close() (Freed, error) {
+	var freed Freed
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return nil
+		return freed, nil
 	}
 	// From here Create and NewDomain refuse, so the sets only shrink.
 	m.closed = true
@@ -117,8 +182,13 @@ func (m *Manager) Close() error {
 	var errs []error
 	for _, b := range bufs {
 		// free waits for a Create still building b (it holds b.mu).
-		if err := b.free(errClosed); err != nil && !errors.Is(err, errClosed) && !errors.Is(err, errFreed) {
+		unpinned, err := b.free(errClosed)
+		if err != nil && !errors.Is(err, errClosed) && !errors.Is(err, errFreed) {
 			errs = append(errs, err)
+		}
+		if unpinned > 0 {
+			freed.Regions++
+			freed.UnpinnedBytes += unpinned
 		}
 	}
 
@@ -129,10 +199,11 @@ func (m *Manager) Close() error {
 			errs = append(errs, fmt.Errorf("dealloc pd %d: %w", d.handle, err))
 			continue
 		}
+		freed.PDs++
 		d.closed = true
 		delete(m.domains, d)
 	}
-	return errors.Join(errs...)
+	return freed, errors.Join(errs...)
 }
 
 // Sentinels for a buffer or domain that is gone. They wrap the errnos the
@@ -142,41 +213,9 @@ var (
 	errClosed = fmt.Errorf("buffer manager closed: %w", syscall.ENODEV)
 )
 
-// limitKind names a limit for logging and for State Unregistered reasons.
-type limitKind string
-
-const (
-	limitMaxBuffers limitKind = "max_buffers"
-	limitMaxPinned  limitKind = "max_pinned"
-	limitMemlock    limitKind = "RLIMIT_MEMLOCK"
-	limitMaxMR      limitKind = "max_mr"
-	limitNoFile     limitKind = "RLIMIT_NOFILE"
-)
-
-// limitError is a refusal because of a limit: the errno, and a short
-// reason for Info.Reason.
-type limitError struct {
-	kind   limitKind
-	reason string // e.g. "max_pinned (1 GiB) reached"
-	err    error  // the errno, or the device's error
-}
-
-func (e *limitError) Error() string { return e.reason + ": " + e.err.Error() }
-func (e *limitError) Unwrap() error { return e.err }
-
-// warn logs a limit once; it is logged again only after clearLimit says the
-// condition went away. Callers hold m.mu.
-func (m *Manager) warn(kind limitKind, msg string, args ...any) {
-	if m.warned[kind] {
-		return
-	}
-	m.warned[kind] = true
-	m.log.Warn(msg, append([]any{"limit", string(kind)}, args...)...)
-}
-
-// reserveBuffer counts one more buffer in d, or refuses with ENOSPC past
-// MaxBuffers. Callers hold m.mu.
-func (m *Manager) reserveBuffer(d *Domain) error {
+// reserveBuffer counts one more buffer in d for owner, or refuses with
+// ENOSPC past MaxBuffers. Callers hold m.mu.
+func (m *Manager) reserveBuffer(d *Domain, owner uint32) error {
 	if m.closed {
 		return errClosed
 	}
@@ -187,121 +226,91 @@ func (m *Manager) reserveBuffer(d *Domain) error {
 		return fmt.Errorf("pd %d is deallocated: %w", d.handle, syscall.ENOENT)
 	}
 	if max := m.opt.MaxBuffers; max > 0 && len(m.buffers) >= max {
-		m.warn(limitMaxBuffers, fmt.Sprintf("max_buffers (%d) reached; raise buffers.max_buffers in the config", max),
-			"value", max)
-		return &limitError{kind: limitMaxBuffers, reason: fmt.Sprintf("max_buffers (%d) reached", max), err: syscall.ENOSPC}
+		return m.refuseLocked(limitMaxBuffers, syscall.ENOSPC, fmt.Sprintf("max_buffers (%d) reached", max),
+			fmt.Sprintf("cannot create a buffer: max_buffers (%d) reached; raise buffers.max_buffers in the config", max))
 	}
-	delete(m.warned, limitMaxBuffers)
+	m.user(owner).Buffers++
 	return nil
 }
 
-// charge moves the byte counters from a region of oldLen to one of newLen
-// (either may be 0). When check is set it refuses with ENOSPC if the
-// page-rounded total would pass MaxPinned. The net change is what counts:
-// the brief overlap of new and old regions during a replacement is the
-// daemon's own doing, not the user's.
-func (m *Manager) charge(oldLen, newLen uint64, check bool) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	oldP, newP := pageRound(oldLen), pageRound(newLen)
-	total := m.pinned - oldP + newP
-	if max := m.opt.MaxPinned; check && max > 0 && newP > oldP {
-		if total > max {
-			m.warn(limitMaxPinned, fmt.Sprintf("cannot pin %s: max_pinned (%s) would be passed with %s pinned; raise buffers.max_pinned in the config",
-				bytesize.Format(newLen), bytesize.Format(max), bytesize.Format(m.pinned)),
-				"value", max, "pinned", m.pinned, "request", newLen)
-			return &limitError{kind: limitMaxPinned, reason: fmt.Sprintf("max_pinned (%s) reached", bytesize.Format(max)), err: syscall.ENOSPC}
-		}
-		delete(m.warned, limitMaxPinned)
+// user is uid's charge, made on first use. Callers hold m.mu.
+func (m *Manager) user(uid uint32) *UserStats {
+	u := m.users[uid]
+	if u == nil {
+		u = &UserStats{}
+		m.users[uid] = u
 	}
-	m.pinned = total
-	m.registered = m.registered - oldLen + newLen
-	return nil
+	return u
 }
 
-// errRaced says a client truncated the memfd below the range being
+// unuse drops uid's entry once it holds nothing. Callers hold m.mu.
+func (m *Manager) unuse(uid uint32) {
+	if u := m.users[uid]; u != nil && u.Buffers == 0 && u.PinnedBytes == 0 {
+		delete(m.users, uid)
+	}
+}
+
+// errRaced says a client truncated the file below the range being
 // registered while it was registered: pinning pages past EOF fails, and
 // that failure says nothing about the device or a limit. Callers learn
 // the new size and try again.
-var errRaced = fmt.Errorf("memfd shrank during registration: %w", syscall.EAGAIN)
+var errRaced = fmt.Errorf("file shrank during registration: %w", syscall.EAGAIN)
 
 // maxRetries bounds the retries after errRaced.
 const maxRetries = 3
 
-// regMR registers [addr, addr+length) of fd's mapping in pd, charging
-// the limits with the net change from a current region of oldLen bytes.
-// It classifies a device refusal (RLIMIT_MEMLOCK, max_mr) for the log
-// and Info.Reason, unless the memfd shrank meanwhile (errRaced).
-func (m *Manager) regMR(fd int, pd verbs.PD, pdNum uint32, addr uintptr, length, oldLen uint64, a verbs.Access) (verbs.MR, error) {
-	if err := m.charge(oldLen, length, true); err != nil {
-		return nil, fmt.Errorf("register %s in pd %d: %w", bytesize.Format(length), pdNum, err)
+// regMR registers [addr, addr+length) of f's mapping in pd for owner,
+// after admission (admit), charging the net change from a current region
+// of oldLen bytes. A device refusal that is a known limit names it,
+// unless the file shrank meanwhile (errRaced).
+func (m *Manager) regMR(f store.File, pd verbs.PD, pdNum uint32, addr uintptr, length, oldLen uint64, owner uint32, a verbs.Access) (verbs.MR, error) {
+	what := fmt.Sprintf("register %s in pd %d", bytesize.Format(length), pdNum)
+	if err := m.admit(f, length, oldLen, owner); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
+	start := time.Now()
 	mr, err := pd.RegMR(addr, length, a)
+	took := time.Since(start)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
-		m.pinned = m.pinned - pageRound(length) + pageRound(oldLen)
-		m.registered = m.registered - length + oldLen
-		if cur, serr := memfdSize(fd); serr == nil && cur < length {
+		m.chargeLocked(owner, length, oldLen)
+		if cur, _, serr := f.Stat(); serr == nil && cur < length {
 			err = fmt.Errorf("%w (to %s): %w", errRaced, bytesize.Format(cur), err)
 		} else {
 			err = m.classifyLocked(err, length)
 		}
-		return nil, fmt.Errorf("register %s in pd %d: %w", bytesize.Format(length), pdNum, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	m.regions++
-	delete(m.warned, limitMemlock)
-	delete(m.warned, limitMaxMR)
+	m.events.Registered(length, took)
 	return mr, nil
 }
 
-// classifyLocked turns a device refusal that is a known limit into a
-// limitError (same errno) and logs how to raise the limit.
-func (m *Manager) classifyLocked(err error, length uint64) error {
-	switch verbs.Errno(err) {
-	case syscall.ENOMEM, syscall.EPERM:
-		var lim unix.Rlimit
-		if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) != nil || lim.Cur == unix.RLIM_INFINITY {
-			return err // not RLIMIT_MEMLOCK: pass it through as it is
-		}
-		m.warn(limitMemlock, fmt.Sprintf("cannot pin %s: RLIMIT_MEMLOCK is %s; raise it with `ulimit -l` or run with CAP_IPC_LOCK",
-			bytesize.Format(length), bytesize.Format(lim.Cur)), "value", lim.Cur)
-		return &limitError{kind: limitMemlock, reason: fmt.Sprintf("RLIMIT_MEMLOCK (%s) reached", bytesize.Format(lim.Cur)), err: err}
-	case syscall.EINVAL:
-		// With access validated and a mapped range, EINVAL from reg_mr is
-		// the device's region pool being full (rxe, soft).
-		if m.attr.MaxMR <= 0 {
-			return err
-		}
-		m.warn(limitMaxMR, fmt.Sprintf("device %s refused a registration: its max_mr is %d and mrfs holds %d regions; free buffers or use a device with a larger max_mr",
-			m.dev.Name(), m.attr.MaxMR, m.regions), "value", m.attr.MaxMR, "device", m.dev.Name())
-		return &limitError{kind: limitMaxMR, reason: fmt.Sprintf("device max_mr (%d) reached", m.attr.MaxMR), err: err}
-	}
-	return err
+// chargeLocked moves the counters of owner from a region of oldLen bytes
+// to one of newLen (either may be 0). Callers hold m.mu.
+func (m *Manager) chargeLocked(owner uint32, oldLen, newLen uint64) {
+	oldP, newP := pageRound(oldLen), pageRound(newLen)
+	u := m.user(owner)
+	m.pinned = m.pinned - oldP + newP
+	m.registered = m.registered - oldLen + newLen
+	u.PinnedBytes = u.PinnedBytes - oldP + newP
+	m.unuse(owner)
 }
 
 // deregMR deregisters mr. uncharge says whether its bytes still count:
 // after a replacement the new region's regMR already charged the net
 // change, so the old one's bytes are gone from the totals.
-func (m *Manager) deregMR(mr verbs.MR, uncharge bool) error {
+func (m *Manager) deregMR(mr verbs.MR, owner uint32, uncharge bool) error {
 	if err := mr.Dereg(); err != nil {
 		return fmt.Errorf("deregister %s (lkey 0x%x) in pd %d: %w", bytesize.Format(mr.Length()), mr.LKey(), mr.PD().Handle(), err)
 	}
 	m.mu.Lock()
 	m.regions--
 	if uncharge {
-		m.pinned -= pageRound(mr.Length())
-		m.registered -= mr.Length()
+		m.chargeLocked(owner, mr.Length(), 0)
 	}
+	m.events.Deregistered(mr.Length())
 	m.mu.Unlock()
 	return nil
-}
-
-// reason is the Info.Reason for an error that left a buffer Unregistered.
-func reason(err error) string {
-	var le *limitError
-	if errors.As(err, &le) {
-		return le.reason
-	}
-	return err.Error()
 }

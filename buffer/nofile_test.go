@@ -15,9 +15,11 @@ import (
 
 const nofileChildEnv = "MRFS_BUFFER_NOFILE_CHILD"
 
-// TestNoFile runs in a child with a small RLIMIT_NOFILE (every buffer
-// holds a memfd): creating past it fails with EMFILE, changes nothing,
-// and the log names the limit once.
+// TestNoFile runs in a child with a small RLIMIT_NOFILE. On the tmpfs
+// store the daemon holds no descriptor per buffer: buffers past the limit
+// all register, and only clients' opens run out (EMFILE, logged as
+// RLIMIT_NOFILE once, nothing else touched). On memfds (no CAP_SYS_ADMIN)
+// each buffer holds one: creating past the limit is EMFILE.
 func TestNoFile(t *testing.T) {
 	if os.Getenv(nofileChildEnv) == "" {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestNoFile$", "-test.v", "-test.count=1")
@@ -28,7 +30,6 @@ func TestNoFile(t *testing.T) {
 		}
 		return
 	}
-	e := setup(t, buffer.Options{}, 0)
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
@@ -37,34 +38,65 @@ func TestNoFile(t *testing.T) {
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(len(entries) + 4), Max: lim.Max}); err != nil {
+	// A few descriptors to spare, and a reserve that leaves clients 16.
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(len(entries) + 24), Max: lim.Max}); err != nil {
 		t.Fatal(err)
 	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	e := setup(t, buffer.Options{FdReserve: len(entries) + 8}, 0)
+	memfd := e.m.Stats().Store == "memfd"
 	var bufs []*buffer.Buffer
-	for range 20 {
-		b, err := e.m.Create(e.d, 4096)
+	for range 200 {
+		b, err := e.m.Create(e.d, 4096, 0)
 		if err != nil {
-			if !errors.Is(err, syscall.EMFILE) {
-				t.Fatalf("create past RLIMIT_NOFILE: %v, want EMFILE", err)
+			if !memfd || !errors.Is(err, syscall.EMFILE) {
+				t.Fatalf("create %d on %s past RLIMIT_NOFILE: %v", len(bufs), e.m.Stats().Store, err)
 			}
 			break
 		}
 		bufs = append(bufs, b)
 	}
-	if len(bufs) == 0 || len(bufs) == 20 {
-		t.Fatalf("%d buffers created under a limit of a few descriptors", len(bufs))
+	if memfd {
+		if len(bufs) == 0 || len(bufs) == 200 {
+			t.Fatalf("%d buffers on memfds under a limit of a few descriptors", len(bufs))
+		}
+		t.Logf("memfd store: %d buffers fit", len(bufs))
+		return
 	}
-	if st := e.m.Stats(); st.Buffers != len(bufs) || st.RegisteredBytes != uint64(4096*len(bufs)) {
-		t.Errorf("stats after the refusal: %+v, want %d buffers", st, len(bufs))
+	if st := e.m.Stats(); st.Buffers != 200 || st.RegisteredBytes != 200*4096 {
+		t.Fatalf("stats: %+v, want 200 registered buffers", st)
 	}
-	e.m.Create(e.d, 4096) // refused again: logged once only
+	// Clients' opens: 16 fit, the next is EMFILE and touches nothing.
+	var fds []*buffer.Fd
+	for i := range 20 {
+		fd, err := bufs[i].Open()
+		if err != nil {
+			if !errors.Is(err, syscall.EMFILE) || len(fds) != 16 {
+				t.Fatalf("open %d: %v (after %d)", i, err, len(fds))
+			}
+			break
+		}
+		fds = append(fds, fd)
+	}
+	bufs[19].Open() // refused again: logged once only
 	if n := strings.Count(e.log.String(), "RLIMIT_NOFILE is"); n != 1 {
 		t.Errorf("RLIMIT_NOFILE logged %d times, want 1:\n%s", n, e.log.String())
 	}
-	unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
-	for _, b := range bufs {
-		if err := b.Free(); err != nil {
+	if st := e.m.Stats(); st.Buffers != 200 || st.RegisteredBytes != 200*4096 || st.OpenFds != 16 {
+		t.Fatalf("stats after the refusal: %+v", st)
+	}
+	// Every buffer still resizes: the daemon's own opens have their reserve.
+	for _, b := range bufs[:50] {
+		if err := b.Resize(8192); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for _, fd := range fds {
+		fd.Close()
+	}
+	if fd, err := bufs[0].Open(); err != nil {
+		t.Fatalf("open once descriptors were closed: %v", err)
+	} else {
+		fd.Close()
 	}
 }

@@ -27,6 +27,15 @@ type spy struct {
 	failReg    func(length uint64, a verbs.Access) error // nil: no failure
 	failDereg  func(mr verbs.MR) error
 	violations []string
+	maxMRSize  uint64 // 0: the device's own
+}
+
+func (s *spy) Attr() verbs.DeviceAttr {
+	a := s.Device.Attr()
+	if s.maxMRSize != 0 {
+		a.MaxMRSize = s.maxMRSize
+	}
+	return a
 }
 
 func (s *spy) log(format string, args ...any) {

@@ -62,7 +62,9 @@ func (n *dirNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.Set
 	if _, ok := in.GetSize(); ok {
 		return syscall.EISDIR
 	}
-	n.dir.SetMeta(change(in))
+	if err := n.dir.SetMeta(change(in)); err != nil {
+		return toErrno(n.fsys.log, "setattr", err)
+	}
 	return n.Getattr(ctx, f, out)
 }
 

@@ -52,7 +52,7 @@ func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse
 // any unlinked file.
 func (n *bufferNode) orphanFd(f fusefs.FileHandle) int {
 	if h, ok := f.(*passthroughHandle); ok && n.f.Unlinked() {
-		return h.fd
+		return h.fd.N
 	}
 	return -1
 }
@@ -120,7 +120,9 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 		}
 		n.f.Touch(true)
 	}
-	n.f.SetMeta(change(in))
+	if err := n.f.SetMeta(change(in)); err != nil {
+		return toErrno(n.fsys.log, "setattr", err)
+	}
 	n.fillAttr(&out.Attr)
 	n.fillOrphanSize(f, &out.Attr)
 	return 0
@@ -144,16 +146,16 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 // or direct I/O in degraded mode. Mixing them on an inode makes the
 // kernel fail opens with EIO.
 //
-// A passthrough handle holds its own duplicate of the memfd: go-fuse
-// registers it with the kernel after Open returns, by which time an
-// unlink may have closed the buffer's fd and a new buffer reused its
-// number.
+// A passthrough handle holds a descriptor of the buffer's file opened for
+// it (the daemon keeps none per buffer): go-fuse registers it with the
+// kernel after Open returns, and after an unlink it is the open file's
+// only way to its memory.
 func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32, error) {
 	h := handle{node: n, writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
 	if !n.fsys.ZeroCopy {
 		return &directHandle{h}, fuse.FOPEN_DIRECT_IO, nil
 	}
-	fd, err := n.buf.DupFd()
+	fd, err := n.buf.Open()
 	if err != nil {
 		return nil, 0, err
 	}

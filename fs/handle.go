@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"mrfs/buffer"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
 )
 
 // handle is what both kinds of open share.
@@ -31,7 +31,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 // the memfd unseen; flush and release learn the new size.
 type passthroughHandle struct {
 	handle
-	fd int // a duplicate of the memfd, closed at release
+	fd *buffer.Fd // closed at release
 }
 
 var (
@@ -40,7 +40,7 @@ var (
 	_ = (fusefs.FileReleaser)((*passthroughHandle)(nil))
 )
 
-func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.fd, true }
+func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.fd.N, true }
 
 func (h *passthroughHandle) Release(ctx context.Context) syscall.Errno {
 	h.release()
@@ -51,7 +51,7 @@ func (h *passthroughHandle) Release(ctx context.Context) syscall.Errno {
 // RELEASE comes (a Create that fails after making its handle).
 type releaser interface{ release() }
 
-func (h *passthroughHandle) release() { unix.Close(h.fd) }
+func (h *passthroughHandle) release() { h.fd.Close() }
 
 // directHandle serves reads and writes through the daemon (degraded mode:
 // no passthrough). Opened with FOPEN_DIRECT_IO, so the kernel keeps no

@@ -62,6 +62,12 @@ type desc struct {
 	LKey   string   `json:"lkey"`
 	RKey   string   `json:"rkey"`
 	Access []string `json:"access"`
+	// PageSize is the size of the pages behind the region (2 MiB for
+	// huge pages; 0 when the kernel does not say).
+	PageSize uint64 `json:"page_size"`
+	// Generation grows at every registration of the buffer, so a peer
+	// never takes a new region for an old one.
+	Generation uint64 `json:"generation"`
 }
 
 // fileXattr returns the value of a file attribute. Keys, address and desc
@@ -89,7 +95,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrAddr:
 		v = "0x" + strconv.FormatUint(uint64(info.Addr), 16)
 	case xattrLength:
-		v = strconv.FormatUint(info.Size, 10)
+		v = strconv.FormatUint(info.Length, 10)
 	case xattrAccess:
 		v = info.Access.String()
 	case xattrDevice:
@@ -102,12 +108,14 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 		v = boolString(n.fsys.ZeroCopy)
 	case xattrDesc:
 		b, _ := json.Marshal(desc{
-			Device: n.fsys.mgr.Device().Name(),
-			Addr:   "0x" + strconv.FormatUint(uint64(info.Addr), 16),
-			Length: strconv.FormatUint(info.Size, 10),
-			LKey:   hex32(info.LKey),
-			RKey:   hex32(info.RKey),
-			Access: info.Access.Names(),
+			Device:     n.fsys.mgr.Device().Name(),
+			Addr:       "0x" + strconv.FormatUint(uint64(info.Addr), 16),
+			Length:     strconv.FormatUint(info.Length, 10),
+			LKey:       hex32(info.LKey),
+			RKey:       hex32(info.RKey),
+			Access:     info.Access.Names(),
+			PageSize:   n.buf.PageSize(),
+			Generation: info.Generation,
 		})
 		return b, 0
 	default:
@@ -116,11 +124,17 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	return []byte(v), 0
 }
 
+// stateString is user.mrfs.state: "registered", "empty",
+// "unregistered: <reason>", or, when a client grew the file past what
+// could be registered and the registration that was there stays,
+// "registered <length> of <size> bytes: <reason>".
 func stateString(info buffer.Info) string {
-	switch info.State {
-	case buffer.Registered:
+	switch {
+	case info.State == buffer.Registered && info.Length == info.Size:
 		return "registered"
-	case buffer.Empty:
+	case info.State == buffer.Registered:
+		return fmt.Sprintf("registered %d of %d bytes: %s", info.Length, info.Size, info.Reason)
+	case info.State == buffer.Empty:
 		return "empty"
 	default:
 		return "unregistered: " + info.Reason
@@ -286,40 +300,68 @@ const xattrCreate = 1 // XATTR_CREATE
 
 // stats is user.mrfs.stats on the root.
 type stats struct {
-	Backend         string      `json:"backend"`
-	Device          string      `json:"device"`
-	ZeroCopy        bool        `json:"zero_copy"`
-	Buffers         int         `json:"buffers"`
-	PDs             int         `json:"pds"`
-	RegisteredBytes uint64      `json:"registered_bytes"`
-	PinnedBytes     uint64      `json:"pinned_bytes"`
-	Limits          statsLimits `json:"limits"`
+	Backend         string               `json:"backend"`
+	Device          string               `json:"device"`
+	ZeroCopy        bool                 `json:"zero_copy"`
+	Store           string               `json:"store"`
+	Buffers         int                  `json:"buffers"`
+	PDs             int                  `json:"pds"`
+	RegisteredBytes uint64               `json:"registered_bytes"`
+	PinnedBytes     uint64               `json:"pinned_bytes"`
+	StoreBytes      uint64               `json:"store_bytes"`
+	OpenFiles       int                  `json:"open_files"`
+	Limits          statsLimits          `json:"limits"`
+	Users           map[string]statsUser `json:"users"`
 }
 
 type statsLimits struct {
-	MaxBuffers int    `json:"max_buffers"`
-	MaxPinned  uint64 `json:"max_pinned"`
-	MaxMR      int    `json:"max_mr"`
-	Memlock    uint64 `json:"memlock"`
+	MaxBuffers       int    `json:"max_buffers"`
+	MaxPinned        uint64 `json:"max_pinned"`
+	MaxPinnedPerUser uint64 `json:"max_pinned_per_user"`
+	MaxMR            int    `json:"max_mr"`
+	MaxMRSize        uint64 `json:"max_mr_size"`
+	Memlock          uint64 `json:"memlock"`
+	OpenFiles        int    `json:"open_files"`
+}
+
+type statsUser struct {
+	Buffers     int    `json:"buffers"`
+	PinnedBytes uint64 `json:"pinned_bytes"`
 }
 
 func (fsys *filesystem) statsJSON() []byte {
 	st := fsys.mgr.Stats()
 	opt := fsys.mgr.Options()
+	attr := fsys.mgr.Device().Attr()
+	users := make(map[string]statsUser, len(st.Users))
+	for uid, u := range st.Users {
+		users[strconv.FormatUint(uint64(uid), 10)] = statsUser{Buffers: u.Buffers, PinnedBytes: u.PinnedBytes}
+	}
+	maxMRSize := attr.MaxMRSize
+	if maxMRSize == ^uint64(0) {
+		maxMRSize = 0 // unlimited
+	}
 	b, err := json.Marshal(stats{
 		Backend:         fsys.Backend,
 		Device:          fsys.mgr.Device().Name(),
 		ZeroCopy:        fsys.ZeroCopy,
+		Store:           st.Store,
 		Buffers:         st.Buffers,
 		PDs:             st.PDs,
 		RegisteredBytes: st.RegisteredBytes,
 		PinnedBytes:     st.PinnedBytes,
+		StoreBytes:      st.StoreUsed,
+		OpenFiles:       st.OpenFds,
 		Limits: statsLimits{
-			MaxBuffers: opt.MaxBuffers,
-			MaxPinned:  opt.MaxPinned,
-			MaxMR:      fsys.mgr.Device().Attr().MaxMR,
-			Memlock:    verbs.MemlockLimit(),
+			MaxBuffers:       opt.MaxBuffers,
+			MaxPinned:        opt.MaxPinned,
+			MaxPinnedPerUser: opt.MaxPinnedPerUser,
+			MaxMR:            attr.MaxMR,
+			MaxMRSize:        maxMRSize,
+			Memlock:          verbs.MemlockLimit(),
+			OpenFiles:        st.MaxOpenFds,
 		},
+		Users: users,
 	})
 	if err != nil {
 		panic(fmt.Sprintf("marshal stats: %v", err)) // plain struct: cannot fail

@@ -117,20 +117,32 @@ func wantErrno(t *testing.T, err error, want unix.Errno, what string) {
 }
 
 type statsLimits struct {
-	MaxBuffers uint64 `json:"max_buffers"`
-	MaxPinned  uint64 `json:"max_pinned"`
-	MaxMR      uint64 `json:"max_mr"`
-	Memlock    uint64 `json:"memlock"`
+	MaxBuffers       uint64 `json:"max_buffers"`
+	MaxPinned        uint64 `json:"max_pinned"`
+	MaxPinnedPerUser uint64 `json:"max_pinned_per_user"`
+	MaxMR            uint64 `json:"max_mr"`
+	MaxMRSize        uint64 `json:"max_mr_size"`
+	Memlock          uint64 `json:"memlock"`
+	OpenFiles        uint64 `json:"open_files"`
+}
+
+type statsUser struct {
+	Buffers     int64 `json:"buffers"`
+	PinnedBytes int64 `json:"pinned_bytes"`
 }
 
 type mrfsStats struct {
-	Backend         string      `json:"backend"`
-	Device          string      `json:"device"`
-	Buffers         int64       `json:"buffers"`
-	PDs             int64       `json:"pds"`
-	RegisteredBytes int64       `json:"registered_bytes"`
-	PinnedBytes     int64       `json:"pinned_bytes"`
-	Limits          statsLimits `json:"limits"`
+	Backend         string               `json:"backend"`
+	Device          string               `json:"device"`
+	Buffers         int64                `json:"buffers"`
+	PDs             int64                `json:"pds"`
+	RegisteredBytes int64                `json:"registered_bytes"`
+	PinnedBytes     int64                `json:"pinned_bytes"`
+	Store           string               `json:"store"`
+	StoreBytes      int64                `json:"store_bytes"`
+	OpenFiles       int64                `json:"open_files"`
+	Limits          statsLimits          `json:"limits"`
+	Users           map[string]statsUser `json:"users"`
 }
 
 func readStats(t *testing.T, mnt string) mrfsStats {

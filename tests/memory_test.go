@@ -92,3 +92,23 @@ func procStatusKB(t *testing.T, pid int, key string) int64 {
 
 // sliceAddr is the virtual address of a mapping's first byte.
 func sliceAddr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// memTotal is MemTotal of /proc/meminfo in bytes.
+func memTotal(t *testing.T) uint64 {
+	t.Helper()
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "MemTotal:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("MemTotal %q", v)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no MemTotal in /proc/meminfo")
+	return 0
+}

@@ -300,8 +300,9 @@ func TestStatsJSON(t *testing.T) {
 	if s0.PDs < 1 {
 		t.Errorf("stats pds = %d, want >= 1 (the root is a PD)", s0.PDs)
 	}
-	if s0.Limits.MaxBuffers != 65536 || s0.Limits.MaxPinned != 0 {
-		t.Errorf("default limits = %+v, want max_buffers 65536, max_pinned 0", s0.Limits)
+	// max_pinned defaults to 50% of the memory the daemon may use.
+	if total := memTotal(t); s0.Limits.MaxBuffers != 65536 || s0.Limits.MaxPinned == 0 || s0.Limits.MaxPinned > total/2 {
+		t.Errorf("default limits = %+v, want max_buffers 65536, max_pinned at most half of MemTotal %d", s0.Limits, total)
 	}
 	if s0.Limits.MaxMR == 0 {
 		t.Errorf("limits max_mr = 0; the soft device reports a max_mr")
@@ -346,10 +347,10 @@ func TestStatsLimitsFromConfig(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{
 		Verbs:   "soft_max_mr = 9",
-		Buffers: "max_buffers = 7\nmax_pinned = \"3MiB\"",
+		Buffers: "max_buffers = 7\nmax_pinned = \"3MiB\"\nmax_pinned_per_user = \"1MiB\"",
 	})
 	s := readStats(t, d.mnt)
-	want := statsLimits{MaxBuffers: 7, MaxPinned: 3 << 20, MaxMR: 9, Memlock: s.Limits.Memlock}
+	want := statsLimits{MaxBuffers: 7, MaxPinned: 3 << 20, MaxPinnedPerUser: 1 << 20, MaxMR: 9, Memlock: s.Limits.Memlock, OpenFiles: s.Limits.OpenFiles}
 	if s.Limits != want {
 		t.Errorf("limits = %+v, want %+v", s.Limits, want)
 	}

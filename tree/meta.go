@@ -30,7 +30,25 @@ type Change struct {
 }
 
 // SetMeta applies c and sets the change time.
-func (n *node) SetMeta(c Change) {
+func (n *node) SetMeta(c Change) error {
+	n.setMeta(c)
+	return nil
+}
+
+// SetMeta charges the buffer to a new owner first (chown moves the
+// charge): when that uid's quota cannot hold it, EDQUOT and nothing
+// changes.
+func (f *File) SetMeta(c Change) error {
+	if c.UID != nil {
+		if err := f.buf.SetOwner(*c.UID); err != nil {
+			return err
+		}
+	}
+	f.setMeta(c)
+	return nil
+}
+
+func (n *node) setMeta(c Change) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if c.Mode != nil {

@@ -101,8 +101,10 @@ type Node interface {
 	Aux() any
 	// Meta is a snapshot of the node's metadata.
 	Meta() Meta
-	// SetMeta applies a SETATTR's metadata part.
-	SetMeta(c Change)
+	// SetMeta applies a SETATTR's metadata part; a file's new owner is
+	// charged for its pinned bytes first (EDQUOT when its quota cannot
+	// hold them, and nothing changes).
+	SetMeta(c Change) error
 	// Touch marks a change (see node.Touch).
 	Touch(modified bool)
 	base() *node
@@ -235,7 +237,7 @@ func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) 
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	// Registration can take long: it happens outside the tree lock.
-	buf, err := d.t.mgr.Create(d.dom, d.t.opt.DefaultSize)
+	buf, err := d.t.mgr.Create(d.dom, d.t.opt.DefaultSize, owner.UID)
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", name, err)
 	}

@@ -2,6 +2,7 @@ package tree_test
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -33,7 +34,7 @@ func newTree(t *testing.T, size uint64, maxMR int) *tree.Tree {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := mgr.Close(); err != nil {
+		if _, err := mgr.Close(); err != nil {
 			t.Errorf("manager Close: %v", err)
 		}
 		if st := mgr.Stats(); st.Buffers != 0 || st.PDs != 0 || st.PinnedBytes != 0 {
@@ -135,7 +136,7 @@ func TestCreateLookupEntries(t *testing.T) {
 	wantErrno(t, err, syscall.EMFILE, "create whose prepare fails")
 	_, err = root.Mkdir("c", tree.Owner{}, 0o755, nil)
 	wantErrno(t, err, syscall.EEXIST, "mkdir over an existing name")
-	if after := tr.Manager().Stats(); after != before {
+	if after := tr.Manager().Stats(); !reflect.DeepEqual(after, before) {
 		t.Errorf("failed creates left something: %+v, was %+v", after, before)
 	}
 	if got := names(root); got != "a,b,c" {
@@ -409,7 +410,9 @@ func TestMeta(t *testing.T) {
 	}
 	clock = time.Unix(2000, 0)
 	mode, uid := uint32(0o7000), uint32(9)
-	f.SetMeta(tree.Change{Mode: &mode, UID: &uid})
+	if err := f.SetMeta(tree.Change{Mode: &mode, UID: &uid}); err != nil {
+		t.Fatal(err)
+	}
 	if m := f.Meta(); m.Mode != 0o1000 || m.UID != 9 || m.GID != 4 || !m.Ctime.Equal(clock) || !m.Mtime.Equal(time.Unix(1000, 0)) {
 		t.Errorf("after SetMeta %+v", m)
 	}

@@ -56,15 +56,26 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	remote, err := bindRemote(cfg.Remote, prov.Name(), log)
+	st, budget, err := openStore(cfg.Buffers, log)
 	if err != nil {
 		dev.Close()
 		return err
 	}
+	remote, err := bindRemote(cfg.Remote, prov.Name(), log)
+	if err != nil {
+		st.Close()
+		dev.Close()
+		return err
+	}
 	mgr := buffer.NewManager(dev, buffer.Options{
-		MaxBuffers: cfg.Buffers.MaxBuffers,
-		MaxPinned:  uint64(cfg.Buffers.MaxPinned),
-		Allowed:    cfg.Buffers.AllowedAccess,
+		Store:            st,
+		MaxBuffers:       cfg.Buffers.MaxBuffers,
+		MaxPinned:        budget,
+		MaxPinnedPerUser: uint64(cfg.Buffers.MaxPinnedPerUser),
+		Allowed:          cfg.Buffers.AllowedAccess,
+		// The daemon's own descriptors beyond clients' opens: the store's
+		// transient opens, the FUSE device, remote peers' sockets.
+		FdReserve: 128 + cfg.Remote.MaxConnections,
 	}, log)
 	// The root belongs to whoever mounts (a non-root user's own mount).
 	tr, err := tree.New(mgr, tree.Options{
@@ -75,6 +86,9 @@ func cmdMount(args []string, stderr io.Writer) error {
 	}, cfg.Buffers.DefaultAccess, tree.Owner{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}, 0o755)
 	var srv *fs.Server
 	if err == nil {
+		// Peers may name the tree's directories from now on: by the time
+		// the mount is visible, a peer never finds mrfs still mounting.
+		remote.Serve(tr.Domain)
 		srv, err = fs.Mount(dir, fs.Options{
 			Tree:     tr,
 			Backend:  prov.Name(),
@@ -87,6 +101,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 		remote.Close()
 		mgr.Close()
 		dev.Close()
+		st.Close()
 		if errors.Is(err, fs.ErrNoPassthrough) {
 			return fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
 		}
@@ -103,7 +118,6 @@ func cmdMount(args []string, stderr io.Writer) error {
 		srv.Wait()
 		close(unmounted)
 	}()
-	remote.Serve(tr.Domain)
 	select {
 	case sig := <-sigs:
 		log.Info("shutting down", "signal", sig.String())
@@ -114,17 +128,20 @@ func cmdMount(args []string, stderr io.Writer) error {
 
 	// DESIGN.md's order: every region deregistered and every PD
 	// deallocated, the device closed, then the unmount.
-	st := mgr.Stats()
 	// Peers go first: their queue pairs live in the PDs, and no operation
 	// may reach a region while it is deregistered.
 	if err := remote.Close(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := mgr.Close(); err != nil {
+	freed, err := mgr.Close()
+	if err != nil {
 		errs = append(errs, fmt.Errorf("deregister: %w", err))
 	}
 	if err := dev.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close device %s: %w", dev.Name(), err))
+	}
+	if err := st.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close the backing store: %w", err))
 	}
 	select {
 	case <-unmounted:
@@ -136,8 +153,8 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("teardown: %w", err)
 	}
-	log.Info("teardown complete", "deregistered_buffers", st.Buffers, "deallocated_pds", st.PDs,
-		"unpinned_bytes", st.PinnedBytes)
+	log.Info("teardown complete", "deregistered_regions", freed.Regions, "deallocated_pds", freed.PDs,
+		"unpinned_bytes", freed.UnpinnedBytes)
 	return nil
 }
 

@@ -17,6 +17,7 @@ type Config struct {
 	Mount   Mount
 	Log     Log
 	Remote  Remote
+	Metrics Metrics
 }
 
 // Verbs is the [verbs] table: which backend and device a mount uses.
@@ -35,7 +36,24 @@ type Buffers struct {
 	DefaultAccess verbs.Access // buffers.default_access: flags of new files
 	AllowedAccess verbs.Access // buffers.allowed_access: flags setfattr may set
 	MaxBuffers    int          // buffers.max_buffers: files per mount, 0 no limit
-	MaxPinned     Size         // buffers.max_pinned: bytes, 0 no limit but RLIMIT_MEMLOCK
+	// MaxPinned (buffers.max_pinned) is the pinning budget: bytes, or a
+	// percentage of the memory the daemon may use; 0 bytes: none.
+	MaxPinned Budget
+	// MaxPinnedPerUser (buffers.max_pinned_per_user) bounds one uid's
+	// registered bytes; 0: no quota.
+	MaxPinnedPerUser Size
+	// HugePages (buffers.huge_pages) is the store's huge= policy.
+	HugePages string
+}
+
+// The values of buffers.huge_pages (tmpfs's huge=).
+var hugePolicies = []string{"never", "within_size", "always", "advise"}
+
+// Metrics is the [metrics] table.
+type Metrics struct {
+	// Listen (metrics.listen) is host:port for Prometheus's /metrics;
+	// "" (the default) turns it off.
+	Listen string
 }
 
 // Mount is the [mount] table.
@@ -98,6 +116,8 @@ func Default() Config {
 			DefaultAccess: verbs.LocalWrite, // least privilege
 			AllowedAccess: verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic,
 			MaxBuffers:    65536,
+			MaxPinned:     Budget{Percent: 50}, // of the memory the daemon may use, as tmpfs's default
+			HugePages:     "within_size",
 		},
 		Mount: Mount{ZeroCopy: true, Umask: 0o077},
 		Log:   Log{Level: slog.LevelInfo, Format: FormatText},

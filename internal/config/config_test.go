@@ -56,7 +56,8 @@ func TestDefaults(t *testing.T) {
 	if d.Verbs.Backend != "auto" || d.Verbs.Device != "" || d.Verbs.SoftMaxMR != 0 {
 		t.Errorf("verbs defaults: %+v", d.Verbs)
 	}
-	if d.Buffers.DefaultSize != 0 || d.Buffers.MaxBuffers != 65536 || d.Buffers.MaxPinned != 0 {
+	if d.Buffers.DefaultSize != 0 || d.Buffers.MaxBuffers != 65536 || d.Buffers.MaxPinned != (Budget{Percent: 50}) ||
+		d.Buffers.MaxPinnedPerUser != 0 || d.Buffers.HugePages != "within_size" || d.Metrics.Listen != "" {
 		t.Errorf("buffers defaults: %+v", d.Buffers)
 	}
 	if got := d.Buffers.DefaultAccess.String(); got != "local_write" {
@@ -128,6 +129,8 @@ default_access = ["local_write", "REMOTE_READ"]
 allowed_access = ["IBV_ACCESS_LOCAL_WRITE|remote_read", "0x2", 8]
 max_buffers = 10
 max_pinned = "1GiB"
+max_pinned_per_user = "256MiB"
+huge_pages = "always"
 
 [mount]
 allow_other = true
@@ -144,15 +147,20 @@ allow_from = ["10.0.0.0/8", "192.168.1.7", "fd00::/8"]
 max_connections = 8
 max_message_size = "1MiB"
 timeout = "1500ms"
+
+[metrics]
+listen = "127.0.0.1:9471"
 `)
 	want := Config{
 		Verbs: Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16},
 		Buffers: Buffers{
-			DefaultSize:   65536,
-			DefaultAccess: verbs.LocalWrite | verbs.RemoteRead,
-			AllowedAccess: verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic,
-			MaxBuffers:    10,
-			MaxPinned:     1 << 30,
+			DefaultSize:      65536,
+			DefaultAccess:    verbs.LocalWrite | verbs.RemoteRead,
+			AllowedAccess:    verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic,
+			MaxBuffers:       10,
+			MaxPinned:        Budget{Bytes: 1 << 30},
+			MaxPinnedPerUser: 256 << 20,
+			HugePages:        "always",
 		},
 		Mount: Mount{AllowOther: true, ZeroCopy: false, Umask: 0o022},
 		Log:   Log{Level: slog.LevelDebug, Format: "json"},
@@ -163,6 +171,7 @@ timeout = "1500ms"
 			MaxMessageSize: 1 << 20,
 			Timeout:        1500 * time.Millisecond,
 		},
+		Metrics: Metrics{Listen: "127.0.0.1:9471"},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)
@@ -174,8 +183,12 @@ func TestSizeKeys(t *testing.T) {
 		`4096`: 4096, `"4096"`: 4096, `"0"`: 0, `0`: 0, `"64KiB"`: 65536, `"1GiB"`: 1 << 30, `"3 MiB"`: 3 << 20,
 	} {
 		c := mustParse(t, "[buffers]\nmax_pinned = "+in)
-		if c.Buffers.MaxPinned != want {
-			t.Errorf("max_pinned = %s: got %d, want %d", in, c.Buffers.MaxPinned, want)
+		if c.Buffers.MaxPinned != (Budget{Bytes: want}) {
+			t.Errorf("max_pinned = %s: got %v, want %d", in, c.Buffers.MaxPinned, want)
+		}
+		c = mustParse(t, "[buffers]\nmax_pinned_per_user = "+in)
+		if c.Buffers.MaxPinnedPerUser != want {
+			t.Errorf("max_pinned_per_user = %s: got %d, want %d", in, c.Buffers.MaxPinnedPerUser, want)
 		}
 		c = mustParse(t, "[buffers]\ndefault_size = "+in)
 		if c.Buffers.DefaultSize != want {
@@ -190,6 +203,35 @@ func TestSizeKeys(t *testing.T) {
 	wantErr(t, "[buffers]\ndefault_size = true", "buffers.default_size", "boolean")
 	wantErr(t, "[buffers]\nmax_pinned = \"16EiB\"", "buffers.max_pinned", "too large")
 	wantErr(t, "[buffers]\nmax_pinned = \"99999999999999999999\"", "buffers.max_pinned", "too large")
+}
+
+// max_pinned takes a percentage of the memory the daemon may use,
+// resolved at mount in whole pages.
+func TestBudget(t *testing.T) {
+	for in, want := range map[string]Budget{`"50%"`: {Percent: 50}, `"12.5 %"`: {Percent: 12.5}, `"100%"`: {Percent: 100}, `"0"`: {}, `"2GiB"`: {Bytes: 2 << 30}} {
+		c := mustParse(t, "[buffers]\nmax_pinned = "+in)
+		if c.Buffers.MaxPinned != want {
+			t.Errorf("max_pinned = %s: got %+v, want %+v", in, c.Buffers.MaxPinned, want)
+		}
+	}
+	if got := (Budget{Percent: 50}).Resolve(1<<30+4095, 4096); got != 1<<29 {
+		t.Errorf("50%% of 1 GiB + 4095: %d", got)
+	}
+	if got := (Budget{Percent: 12.5}).Resolve(24<<30, 4096); got != 3<<30 {
+		t.Errorf("12.5%% of 24 GiB: %d", got)
+	}
+	if got := (Budget{Bytes: 1000}).Resolve(24<<30, 4096); got != 1000 {
+		t.Errorf("bytes resolve to %d", got)
+	}
+	if s := (Budget{Percent: 50}).String(); s != "50%" {
+		t.Errorf("String %q", s)
+	}
+	for _, bad := range []string{`"0%"`, `"101%"`, `"-5%"`, `"x%"`, `"%"`} {
+		wantErr(t, "[buffers]\nmax_pinned = "+bad, "buffers.max_pinned", "percentage")
+	}
+	wantErr(t, "[buffers]\nhuge_pages = \"sometimes\"", "buffers.huge_pages", "never, within_size, always or advise")
+	wantErr(t, "[metrics]\nlisten = \"localhost:9\"", "metrics.listen", "not an IP address")
+	wantErr(t, "[buffers]\ndefault_size = \"2MiB\"\nmax_pinned_per_user = \"1MiB\"", "buffers.default_size", "max_pinned_per_user")
 }
 
 func TestUnknownKeys(t *testing.T) {

@@ -27,11 +27,13 @@ type file struct {
 		SoftMaxMR int    `toml:"soft_max_mr"`
 	} `toml:"verbs"`
 	Buffers struct {
-		DefaultSize   Size       `toml:"default_size"`
-		DefaultAccess accessList `toml:"default_access"`
-		AllowedAccess accessList `toml:"allowed_access"`
-		MaxBuffers    int        `toml:"max_buffers"`
-		MaxPinned     Size       `toml:"max_pinned"`
+		DefaultSize      Size       `toml:"default_size"`
+		DefaultAccess    accessList `toml:"default_access"`
+		AllowedAccess    accessList `toml:"allowed_access"`
+		MaxBuffers       int        `toml:"max_buffers"`
+		MaxPinned        Budget     `toml:"max_pinned"`
+		MaxPinnedPerUser Size       `toml:"max_pinned_per_user"`
+		HugePages        string     `toml:"huge_pages"`
 	} `toml:"buffers"`
 	Mount struct {
 		AllowOther bool      `toml:"allow_other"`
@@ -49,6 +51,9 @@ type file struct {
 		MaxMessageSize Size       `toml:"max_message_size"`
 		Timeout        duration   `toml:"timeout"`
 	} `toml:"remote"`
+	Metrics struct {
+		Listen string `toml:"listen"`
+	} `toml:"metrics"`
 }
 
 func decode(data []byte) (Config, error) {
@@ -58,6 +63,8 @@ func decode(data []byte) (Config, error) {
 	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
 	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
 	f.Buffers.DefaultAccess, f.Buffers.AllowedAccess = accessList(d.Buffers.DefaultAccess), accessList(d.Buffers.AllowedAccess)
+	f.Buffers.MaxPinnedPerUser, f.Buffers.HugePages = d.Buffers.MaxPinnedPerUser, d.Buffers.HugePages
+	f.Metrics.Listen = d.Metrics.Listen
 	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
 	name, _ := knownLevel(d.Log.Level)
 	f.Log.Level, f.Log.Format = levelName(name), d.Log.Format
@@ -75,11 +82,13 @@ func decode(data []byte) (Config, error) {
 	return Config{
 		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, SoftMaxMR: f.Verbs.SoftMaxMR},
 		Buffers: Buffers{
-			DefaultSize:   f.Buffers.DefaultSize,
-			DefaultAccess: verbs.Access(f.Buffers.DefaultAccess),
-			AllowedAccess: verbs.Access(f.Buffers.AllowedAccess),
-			MaxBuffers:    f.Buffers.MaxBuffers,
-			MaxPinned:     f.Buffers.MaxPinned,
+			DefaultSize:      f.Buffers.DefaultSize,
+			DefaultAccess:    verbs.Access(f.Buffers.DefaultAccess),
+			AllowedAccess:    verbs.Access(f.Buffers.AllowedAccess),
+			MaxBuffers:       f.Buffers.MaxBuffers,
+			MaxPinned:        f.Buffers.MaxPinned,
+			MaxPinnedPerUser: f.Buffers.MaxPinnedPerUser,
+			HugePages:        f.Buffers.HugePages,
 		},
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
 		Log:   Log{Level: level, Format: f.Log.Format},
@@ -90,6 +99,7 @@ func decode(data []byte) (Config, error) {
 			MaxMessageSize: f.Remote.MaxMessageSize,
 			Timeout:        time.Duration(f.Remote.Timeout),
 		},
+		Metrics: Metrics{Listen: f.Metrics.Listen},
 	}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"mrfs/verbs"
@@ -57,9 +58,20 @@ func (c Config) Validate() error {
 	if b.MaxBuffers < 0 {
 		bad("buffers.max_buffers", "%d is negative; use 0 for no limit or a positive count", b.MaxBuffers)
 	}
-	if b.MaxPinned != 0 && b.DefaultSize > b.MaxPinned {
-		// Every create would fail with ENOSPC.
-		bad("buffers.default_size", "%s is more than buffers.max_pinned (%s), so no file could be created", b.DefaultSize, b.MaxPinned)
+	if b.MaxPinned.Percent == 0 && b.MaxPinned.Bytes != 0 && b.DefaultSize > b.MaxPinned.Bytes {
+		// Every create would fail with EFBIG.
+		bad("buffers.default_size", "%s is more than buffers.max_pinned (%s), so no file could be created", b.DefaultSize, b.MaxPinned.Bytes)
+	}
+	if b.MaxPinnedPerUser != 0 && b.DefaultSize > b.MaxPinnedPerUser {
+		bad("buffers.default_size", "%s is more than buffers.max_pinned_per_user (%s), so no file could be created", b.DefaultSize, b.MaxPinnedPerUser)
+	}
+	if !slices.Contains(hugePolicies, b.HugePages) {
+		bad("buffers.huge_pages", "%q is not a policy; use never, within_size, always or advise", b.HugePages)
+	}
+	if m := c.Metrics.Listen; m != "" {
+		if err := checkListen(m); err != "" {
+			bad("metrics.listen", "%q: %s", m, err)
+		}
 	}
 
 	if c.Mount.Umask > 0o777 {

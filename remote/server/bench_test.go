@@ -34,7 +34,7 @@ func BenchmarkRemote(b *testing.B) {
 
 func benchSoft(b *testing.B, size int, write bool) {
 	e := setup(b, remote.Policy{MaxMessage: 2 << 20})
-	buf, err := e.mgr.Create(e.doms["/"], uint64(size))
+	buf, err := e.mgr.Create(e.doms["/"], uint64(size), 0)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func setup(t testing.TB, opt remote.Policy) *env {
 
 func (e *env) buffer(t *testing.T, dir string, size uint64) (*buffer.Buffer, buffer.Info) {
 	t.Helper()
-	b, err := e.mgr.Create(e.doms[dir], size)
+	b, err := e.mgr.Create(e.doms[dir], size, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func TestAdmissionRDMACM(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := mgr.Close(); err != nil {
+		if _, err := mgr.Close(); err != nil {
 			t.Errorf("manager Close: %v", err)
 		}
 		dev.Close()

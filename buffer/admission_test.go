@@ -1,0 +1,244 @@
+package buffer_test
+
+import (
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"mrfs/buffer"
+	"mrfs/internal/sysmem"
+	"mrfs/verbs"
+	"mrfs/verbs/soft"
+)
+
+// events records what a Manager reports.
+type events struct {
+	mu          sync.Mutex
+	regs, deres int
+	regBytes    uint64
+	limits      []string
+}
+
+func (e *events) Registered(n uint64, took time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.regs++
+	e.regBytes += n
+}
+
+func (e *events) Deregistered(n uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.deres++
+}
+
+func (e *events) LimitHit(limit string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.limits = append(e.limits, limit)
+}
+
+func (e *events) hits() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return strings.Join(e.limits, ",")
+}
+
+// Per-user quotas: EDQUOT past a uid's own bytes, charged to the owner,
+// moving with the owner (chown), reported in Stats.Users.
+func TestPerUserQuota(t *testing.T) {
+	ev := &events{}
+	e := setup(t, buffer.Options{MaxPinnedPerUser: 4 * page, Events: ev}, 0)
+	a, err := e.m.Create(e.d, 3*page, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.m.Create(e.d, 2*page, 1000)
+	errnoIs(t, err, syscall.EDQUOT)
+	_, err = e.m.Create(e.d, 5*page, 2000)
+	errnoIs(t, err, syscall.EDQUOT) // more than the quota at all
+	b, err := e.m.Create(e.d, 2*page, 2000)
+	if err != nil {
+		t.Fatalf("another user's buffer: %v", err)
+	}
+	st := e.m.Stats()
+	if st.Users[1000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 3 * page}) || st.Users[2000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 2 * page}) || len(st.Users) != 2 {
+		t.Fatalf("Users %+v", st.Users)
+	}
+	errnoIs(t, a.Resize(5*page), syscall.EDQUOT)
+	if err := a.Resize(4 * page); err != nil {
+		t.Fatalf("up to the quota: %v", err)
+	}
+	// chown: the charge follows, and the new owner's quota must hold it.
+	errnoIs(t, a.SetOwner(2000), syscall.EDQUOT)
+	if a.Info().Owner != 1000 {
+		t.Fatal("a refused chown changed the owner")
+	}
+	if err := b.SetOwner(1000); err == nil {
+		t.Fatal("uid 1000 took 2 more pages past its quota")
+	}
+	if err := a.Resize(page); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetOwner(1000); err != nil {
+		t.Fatalf("chown into room: %v", err)
+	}
+	st = e.m.Stats()
+	if st.Users[1000] != (buffer.UserStats{Buffers: 2, PinnedBytes: 3 * page}) || len(st.Users) != 1 {
+		t.Fatalf("after chown: Users %+v", st.Users)
+	}
+	if !strings.Contains(e.log.String(), "max_pinned_per_user") || !strings.Contains(ev.hits(), "max_pinned_per_user") {
+		t.Fatalf("the quota is not named: %s / %s", e.log.String(), ev.hits())
+	}
+	if err := a.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.m.Stats(); st.Users[1000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 2 * page}) {
+		t.Fatalf("after Free: %+v", st.Users)
+	}
+}
+
+// Pages that do not exist yet must fit in what the machine and the
+// cgroup have left, beyond a reserve: ENOMEM, naming which, and nothing
+// changes. Pages the file already holds need nothing.
+func TestMemoryAdmission(t *testing.T) {
+	var mu sync.Mutex
+	mem := sysmem.Memory{Total: 1 << 40, Available: 1 << 40}
+	ev := &events{}
+	e := setup(t, buffer.Options{Events: ev, Memory: func() (sysmem.Memory, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return mem, nil
+	}}, 0)
+	set := func(m sysmem.Memory) {
+		mu.Lock()
+		mem = m
+		mu.Unlock()
+	}
+	b := e.create(t, 4*page)
+	copy(b.Mem(), pattern(4*page, 2))
+	before := b.Info()
+
+	set(sysmem.Memory{Total: 1 << 30, Available: 32<<20 + page})
+	errnoIs(t, b.Resize(6*page), syscall.ENOMEM)
+	if b.Info() != before || e.m.Stats().PinnedBytes != 4*page {
+		t.Fatal("a refused Resize changed something")
+	}
+	if !strings.Contains(e.log.String(), "MemAvailable") || ev.hits() != "MemAvailable" {
+		t.Fatalf("MemAvailable not named: %s / %s", e.log.String(), ev.hits())
+	}
+	// The pages are there already: a move or access change pins nothing new.
+	if err := b.SetAccess(verbs.LocalWrite | verbs.RemoteRead); err != nil {
+		t.Fatalf("SetAccess with no memory left: %v", err)
+	}
+
+	set(sysmem.Memory{Total: 1 << 40, Available: 1 << 40, Cgroup: "/sys/fs/cgroup/memory/x", CgroupLimit: 1 << 30, CgroupUsage: 1<<30 - 32<<20})
+	errnoIs(t, b.Resize(8*page), syscall.ENOMEM)
+	if !strings.Contains(e.log.String(), "/sys/fs/cgroup/memory/x") || ev.hits() != "MemAvailable,memory cgroup" {
+		t.Fatalf("the cgroup is not named: %s / %s", e.log.String(), ev.hits())
+	}
+	if in := b.Info(); in.Size != 4*page || in.Length != 4*page {
+		t.Fatalf("after the refusal %+v", in)
+	}
+	set(sysmem.Memory{Total: 1 << 40, Available: 1 << 40})
+	if err := b.Resize(8 * page); err != nil {
+		t.Fatalf("once there is room: %v", err)
+	}
+}
+
+// A size past the device's max_mr_size could never be registered: EFBIG,
+// naming max_mr_size.
+func TestMaxMRSize(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	if _, err := e.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.dev.maxMRSize = 8 * page
+	e.m = buffer.NewManager(e.dev, buffer.Options{Allowed: allowed, Store: newStore(t, buffer.Options{})}, slog.New(slog.NewTextHandler(e.log, nil)))
+	d, err := e.m.NewDomain(verbs.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.m.Create(d, 8*page, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errnoIs(t, b.Resize(8*page+1), syscall.EFBIG)
+	if !strings.Contains(e.log.String(), "max_mr_size") {
+		t.Fatalf("max_mr_size not named:\n%s", e.log.String())
+	}
+}
+
+// The tmpfs store is the budget: pages of files that are not registered
+// (grown past a limit) take room, and a registration that needs pages the
+// store no longer has is ENOSPC, naming it.
+func TestStoreFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
+	}
+	e := setup(t, buffer.Options{MaxPinned: 8 * page}, 0)
+	a := e.create(t, 2*page)
+	z := e.create(t, 0)
+	f := outside(t, z)
+	for i := range 6 { // six pages far past the budget: z cannot be registered
+		if _, err := f.WriteAt([]byte("z"), int64(20+i)*page); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errnoIs(t, z.Sync(), syscall.EFBIG)
+	if st := e.m.Stats(); st.StoreUsed != 8*page || st.PinnedBytes != 2*page {
+		t.Fatalf("Stats %+v", st)
+	}
+	err := a.Resize(4 * page)
+	errnoIs(t, err, syscall.ENOSPC)
+	check(t, e, a, 2*page, buffer.Registered)
+	if !strings.Contains(err.Error(), "the store is full (max_pinned, 32 KiB)") {
+		t.Fatalf("the store is not named: %v", err)
+	}
+	if _, err := f.WriteAt([]byte("z"), 30*page); err == nil {
+		t.Fatal("a client wrote past the store's size")
+	} else if !strings.Contains(err.Error(), "no space") {
+		t.Fatalf("a client's write past the store: %v, want ENOSPC", err)
+	}
+	if err := z.Free(); err != nil {
+		t.Fatal(err)
+	}
+	// A client's descriptor keeps the removed file's pages; once closed,
+	// they are the store's again.
+	errnoIs(t, a.Resize(4*page), syscall.ENOSPC)
+	f.Close()
+	if err := a.Resize(4 * page); err != nil {
+		t.Fatalf("once the store has room: %v", err)
+	}
+}
+
+// Registrations, deregistrations and refusals reach Events.
+func TestEvents(t *testing.T) {
+	ev := &events{}
+	dev, err := soft.New(soft.Options{}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	m := buffer.NewManager(dev, buffer.Options{Allowed: allowed, MaxBuffers: 1, Events: ev, Store: newStore(t, buffer.Options{})}, nil)
+	d, _ := m.NewDomain(verbs.LocalWrite)
+	b, err := m.Create(d, page, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Resize(2 * page); err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Create(d, 0, 0)
+	errnoIs(t, err, syscall.ENOSPC)
+	if _, err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ev.regs != 2 || ev.regBytes != 3*page || ev.deres != 2 || ev.hits() != "max_buffers" {
+		t.Fatalf("events: %d registrations of %d bytes, %d deregistrations, limits %q", ev.regs, ev.regBytes, ev.deres, ev.hits())
+	}
+}

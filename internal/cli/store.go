@@ -1,0 +1,54 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"mrfs/internal/bytesize"
+	"mrfs/internal/config"
+	"mrfs/internal/sysmem"
+	"mrfs/store"
+)
+
+// openStore resolves the pinning budget (buffers.max_pinned, a size or a
+// share of the memory the daemon may use) and makes the backing store: a
+// private tmpfs of that size, or memfds where the daemon may not make
+// one (no CAP_SYS_ADMIN: the degraded mode), which the log says.
+func openStore(cfg config.Buffers, log *slog.Logger) (store.Store, uint64, error) {
+	mem, err := sysmem.Read()
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the memory the daemon may use: %w", err)
+	}
+	budget := cfg.MaxPinned.Resolve(mem.Limit(), uint64(os.Getpagesize()))
+	if cfg.MaxPinned.Percent != 0 && budget == 0 {
+		return nil, 0, fmt.Errorf("buffers.max_pinned %s of %s is less than a page", cfg.MaxPinned, bytesize.Format(mem.Limit()))
+	}
+	of := "buffers.max_pinned"
+	if cfg.MaxPinned.Percent != 0 {
+		of = fmt.Sprintf("%s of %s", cfg.MaxPinned, bytesize.Format(mem.Limit()))
+		if mem.Cgroup != "" {
+			of += " (the memory cgroup's limit)"
+		}
+	}
+	s, err := store.NewTmpfs(store.TmpfsOptions{Size: budget, Files: uint64(cfg.MaxBuffers), Huge: cfg.HugePages})
+	switch {
+	case err == nil:
+		log.Info("backing store: a private tmpfs", "max_pinned", sizeOrNone(budget), "from", of, "huge_pages", cfg.HugePages)
+	case errors.Is(err, store.ErrNoTmpfs):
+		log.Warn("backing store: memfds, since the daemon cannot make a private tmpfs (it needs CAP_SYS_ADMIN); the budget is enforced only on what the daemon sees, and huge_pages does not apply",
+			"max_pinned", sizeOrNone(budget), "err", err)
+		s = store.NewMemfd()
+	default:
+		return nil, 0, fmt.Errorf("backing store: %w", err)
+	}
+	return s, budget, nil
+}
+
+func sizeOrNone(n uint64) string {
+	if n == 0 {
+		return "none"
+	}
+	return bytesize.Format(n)
+}

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func stores(t *testing.T) map[string]func(*testing.T, TmpfsOptions) Store {
+	t.Helper()
+	m := map[string]func(*testing.T, TmpfsOptions) Store{
+		"memfd": func(*testing.T, TmpfsOptions) Store { return NewMemfd() },
+	}
+	if os.Geteuid() == 0 {
+		m["tmpfs"] = func(t *testing.T, opt TmpfsOptions) Store {
+			s, err := NewTmpfs(opt)
+			if err != nil {
+				t.Fatalf("NewTmpfs as root: %v", err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+	} else {
+		t.Log("not root: the tmpfs store (fsopen needs CAP_SYS_ADMIN) is not tested")
+	}
+	return m
+}
+
+func bytesAt(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
+
+// Every store: sizes, mappings that share pages with descriptors, and a
+// removed file that lives on in what was opened or mapped before.
+func TestFileLifecycle(t *testing.T) {
+	for name, mk := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			s := mk(t, TmpfsOptions{Size: 16 << 20, Files: 4, Huge: "never"})
+			if s.Kind() != name {
+				t.Errorf("Kind %q", s.Kind())
+			}
+			f, err := s.Create(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if size, held, err := f.Stat(); err != nil || size != 0 || held != 0 {
+				t.Fatalf("new file: %d %d %v", size, held, err)
+			}
+			if err := f.Truncate(3 * 4096); err != nil {
+				t.Fatal(err)
+			}
+			if size, held, _ := f.Stat(); size != 3*4096 || held != 0 {
+				t.Errorf("after truncate: size %d held %d, want a sparse 12288", size, held)
+			}
+			p, err := f.Map(3 * 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.MunmapPtr(p, 3*4096)
+			copy(bytesAt(p, 5), "hello")
+			got := make([]byte, 5)
+			if n, err := f.ReadAt(got, 0); err != nil || n != 5 || string(got) != "hello" {
+				t.Errorf("ReadAt after a store through the mapping: %q %d %v", got, n, err)
+			}
+			if _, err := f.WriteAt([]byte("world"), 4096); err != nil {
+				t.Fatal(err)
+			}
+			if string(bytesAt(unsafe.Add(p, 4096), 5)) != "world" {
+				t.Error("the mapping does not see WriteAt")
+			}
+			if _, held, _ := f.Stat(); held != 2*4096 {
+				t.Errorf("held %d after touching two pages", held)
+			}
+			fd, err := f.Open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if err := f.Allocate(0, 0, 5*4096); err != nil {
+				t.Fatal(err)
+			}
+			if size, _, _ := f.Stat(); size != 5*4096 {
+				t.Errorf("size %d after fallocate to 5 pages", size)
+			}
+			if err := f.Remove(); err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(f.Remove(), syscall.ENOENT) {
+				t.Error("a second Remove succeeded")
+			}
+			if _, _, err := f.Stat(); !errors.Is(err, syscall.ENOENT) {
+				t.Errorf("Stat after Remove: %v", err)
+			}
+			if _, err := f.Open(); !errors.Is(err, syscall.ENOENT) {
+				t.Errorf("Open after Remove: %v", err)
+			}
+			// What was opened and mapped before still holds the memory.
+			b := make([]byte, 5)
+			if _, err := unix.Pread(fd, b, 4096); err != nil || string(b) != "world" {
+				t.Errorf("an open descriptor after Remove: %q %v", b, err)
+			}
+			if !bytes.Equal(bytesAt(p, 5), []byte("hello")) {
+				t.Error("the mapping lost its bytes after Remove")
+			}
+		})
+	}
+}
+
+// The instance's size bounds what files hold, at the call that would
+// pass it; a sparse size does not count.
+func TestTmpfsBounds(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
+	}
+	s, err := NewTmpfs(TmpfsOptions{Size: 1 << 20, Files: 2, Huge: "never"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	f, _ := s.Create(1)
+	if err := f.Truncate(1 << 30); err != nil {
+		t.Fatalf("a sparse size past the instance's: %v", err)
+	}
+	if err := f.Allocate(0, 0, 2<<20); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("fallocate past the size: %v, want ENOSPC", err)
+	}
+	// A write that crosses the size is short; the next one is ENOSPC.
+	n, err := f.WriteAt(make([]byte, 2<<20), 0)
+	if err != nil || n == 0 || n > 1<<20 {
+		t.Errorf("write across the size: %d, %v; want a short write", n, err)
+	}
+	if _, err := f.WriteAt([]byte{1}, int64(n)); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("write past the size: %v, want ENOSPC", err)
+	}
+	used, size, ok := s.Usage()
+	if !ok || size != 1<<20 || used > size {
+		t.Errorf("Usage %d of %d (%v)", used, size, ok)
+	}
+	// nr_inodes: two files fit, a third is ENOSPC.
+	if _, err := s.Create(2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(3); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("a file past Files: %v, want ENOSPC", err)
+	}
+	if _, err := s.Create(2); !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("creating an existing id: %v, want EEXIST", err)
+	}
+}
+
+// huge=always gives 2 MiB pages whatever the machine's shmem_enabled.
+func TestTmpfsHuge(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
+	}
+	for _, c := range []struct {
+		huge string
+		want uint64
+	}{{"never", 4096}, {"always", hugeSize()}} {
+		s, err := NewTmpfs(TmpfsOptions{Size: 64 << 20, Huge: c.huge})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, _ := s.Create(1)
+		f.Truncate(4 << 20)
+		p, err := f.Map(4 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bytesAt(p, 1)[0] = 1
+		got, ok := PageSizeAt(p)
+		if !ok || got != c.want {
+			t.Errorf("huge=%s: page size %d (%v), want %d", c.huge, got, ok, c.want)
+		}
+		unix.MunmapPtr(p, 4<<20)
+		s.Close()
+	}
+}
