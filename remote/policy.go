@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"mrfs/verbs"
 )
 
 // Policy is [remote]: who may connect, and what a connection may do.
@@ -22,7 +24,30 @@ type Policy struct {
 	// over rdma_cm the NIC's own limits apply.
 	MaxMessage uint32
 	Timeout    time.Duration
+	// Events hears of admissions and completions (metrics); nil: none.
+	Events Events
 }
+
+// Events are what the transports report as it happens. Implementations
+// must be safe for concurrent use and must not block.
+type Events interface {
+	// Admitted: a connection got a slot; Released: it gave it back.
+	Admitted()
+	Released()
+	// Refused: a connection was refused, by reason ("allow_from",
+	// "max_connections", "shutdown").
+	Refused(reason string)
+	// Completed: an operation completed with st. Only the soft transport
+	// sees completions; over rdma_cm the NIC completes them.
+	Completed(st verbs.WCStatus)
+}
+
+type noEvents struct{}
+
+func (noEvents) Admitted()                {}
+func (noEvents) Released()                {}
+func (noEvents) Refused(string)           {}
+func (noEvents) Completed(verbs.WCStatus) {}
 
 // Allows reports whether a peer at addr is in AllowFrom.
 func (p Policy) Allows(addr netip.Addr) bool {
@@ -39,6 +64,7 @@ func (p Policy) Allows(addr netip.Addr) bool {
 type Gate struct {
 	p   Policy
 	log *PeerLog
+	ev  Events
 
 	mu     sync.Mutex // guards: conns, closed
 	conns  int
@@ -47,8 +73,15 @@ type Gate struct {
 
 // NewGate applies p; refusals are logged to log (rate-limited, PeerLog).
 func NewGate(p Policy, log *slog.Logger) *Gate {
-	return &Gate{p: p, log: NewPeerLog(log)}
+	ev := p.Events
+	if ev == nil {
+		ev = noEvents{}
+	}
+	return &Gate{p: p, log: NewPeerLog(log), ev: ev}
 }
+
+// Events is where the gate's transport reports (never nil).
+func (g *Gate) Events() Events { return g.ev }
 
 // Policy is the gate's policy.
 func (g *Gate) Policy() Policy { return g.p }
@@ -64,6 +97,7 @@ func (g *Gate) Log() *PeerLog { return g.log }
 // peer.
 func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 	if !g.p.Allows(peer) {
+		g.ev.Refused("allow_from")
 		g.log.Event("allow_from", "remote: peer not in allow_from; refused", "peer", peer.String())
 		return nil, fmt.Errorf("peer %s is not in remote.allow_from: %w", peer, syscall.EACCES)
 	}
@@ -71,18 +105,22 @@ func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 	defer g.mu.Unlock()
 	switch {
 	case g.closed:
+		g.ev.Refused("shutdown")
 		return nil, fmt.Errorf("mrfs is shutting down: %w", syscall.ESHUTDOWN)
 	case g.conns >= g.p.MaxConns:
+		g.ev.Refused("max_connections")
 		g.log.Event("max_connections", "remote: max_connections reached; peer refused", "peer", peer.String(), "max_connections", g.p.MaxConns)
 		return nil, fmt.Errorf("too many connections (max_connections = %d): %w", g.p.MaxConns, syscall.EBUSY)
 	}
 	g.conns++
+	g.ev.Admitted()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			g.mu.Lock()
 			g.conns--
 			g.mu.Unlock()
+			g.ev.Released()
 		})
 	}, nil
 }

@@ -40,17 +40,21 @@ type daemonConfig struct {
 	Buffers string
 	Mount   string
 	Remote  string // the [remote] table (docs/REMOTE.md)
+	Metrics string // the [metrics] table
 	// Wrapper is a command prefix such as prlimit/setpriv; each must exec
 	// the next so the daemon keeps the pid we started.
 	Wrapper []string
 	// MountedIsReady: return as soon as the mount is in mountinfo, without
 	// waiting for the root to answer (for signals sent at that moment).
 	MountedIsReady bool
+	// Hang replaces hangTimeout for a test that uses its mount longer.
+	Hang time.Duration
 }
 
 func (c daemonConfig) toml() string {
 	return "[verbs]\nbackend = \"soft\"\n" + c.Verbs + "\n\n[buffers]\n" + c.Buffers +
-		"\n\n[mount]\n" + c.Mount + "\n\n[log]\nlevel = \"debug\"\n\n[remote]\n" + c.Remote + "\n"
+		"\n\n[mount]\n" + c.Mount + "\n\n[log]\nlevel = \"debug\"\n\n[remote]\n" + c.Remote +
+		"\n\n[metrics]\n" + c.Metrics + "\n"
 }
 
 type daemon struct {
@@ -63,9 +67,11 @@ type daemon struct {
 	waitErr error
 	// stoppedByTest: the test ended the daemon itself and checked the result.
 	stoppedByTest bool
-	// watchdog: closed by cleanup; hung is set when the watchdog fired.
+	// watchdog: closed by cleanup; hung is set when the watchdog fired
+	// after hang.
 	watchdog chan struct{}
 	hung     atomic.Bool
+	hang     time.Duration
 }
 
 // startDaemon mounts mrfs on a fresh temporary mountpoint with cfg, waits
@@ -87,7 +93,10 @@ func startDaemon(t testing.TB, cfg daemonConfig) *daemon {
 		t.Fatal(err)
 	}
 	args := append(append([]string{}, cfg.Wrapper...), mrfsBin, "mount", "--config", cfgPath, mnt)
-	d := &daemon{t: t, mnt: mnt, cfgPath: cfgPath, stderr: &syncBuffer{}, done: make(chan struct{}), watchdog: make(chan struct{})}
+	d := &daemon{t: t, mnt: mnt, cfgPath: cfgPath, stderr: &syncBuffer{}, done: make(chan struct{}), watchdog: make(chan struct{}), hang: cfg.Hang}
+	if d.hang == 0 {
+		d.hang = hangTimeout
+	}
 	d.cmd = exec.Command(args[0], args[1:]...)
 	d.cmd.Stdout = d.stderr
 	d.cmd.Stderr = d.stderr
@@ -196,7 +205,7 @@ func (d *daemon) watch() {
 		return
 	case <-d.done:
 		return
-	case <-time.After(hangTimeout):
+	case <-time.After(d.hang):
 	}
 	d.hung.Store(true)
 	_ = d.cmd.Process.Signal(syscall.SIGQUIT)
@@ -214,7 +223,7 @@ func (d *daemon) cleanup() {
 	close(d.watchdog)
 	if d.hung.Load() {
 		t.Errorf("the test was still using its mount %v after the daemon started; the watchdog dumped the daemon's goroutines (SIGQUIT) and killed it:\n%s",
-			hangTimeout, tail(d.stderr.String(), 400))
+			d.hang, tail(d.stderr.String(), 400))
 		d.kill()
 		return
 	}

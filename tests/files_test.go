@@ -9,7 +9,7 @@ import (
 )
 
 // makeBuffer creates path and sizes it with ftruncate.
-func makeBuffer(t *testing.T, path string, size int64) {
+func makeBuffer(t testing.TB, path string, size int64) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {

@@ -64,7 +64,7 @@ func parseHex(t *testing.T, s string) uint64 {
 }
 
 // procStatusField returns the raw value of a /proc/PID/status line.
-func procStatusField(t *testing.T, pid int, key string) string {
+func procStatusField(t testing.TB, pid int, key string) string {
 	t.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -80,7 +80,7 @@ func procStatusField(t *testing.T, pid int, key string) string {
 }
 
 // procStatusKB reads a "Key:   N kB" line of /proc/PID/status.
-func procStatusKB(t *testing.T, pid int, key string) int64 {
+func procStatusKB(t testing.TB, pid int, key string) int64 {
 	t.Helper()
 	v := procStatusField(t, pid, key)
 	n, err := strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)

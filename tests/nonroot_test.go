@@ -120,4 +120,9 @@ test "$(stat -c %U "$2")" = nobody
 	if isMounted(mnt) {
 		t.Error("still mounted after mrfs umount")
 	}
+	// Without CAP_SYS_ADMIN there is no private tmpfs: memfds, and the
+	// log says what that costs.
+	if !strings.Contains(stderr.String(), "backing store: memfds") || !strings.Contains(stderr.String(), "CAP_SYS_ADMIN") {
+		t.Errorf("the degraded daemon does not say it uses memfds:\n%s", stderr.String())
+	}
 }

@@ -61,8 +61,15 @@ func cmdMount(args []string, stderr io.Writer) error {
 		dev.Close()
 		return err
 	}
-	remote, err := bindRemote(cfg.Remote, prov.Name(), log)
+	mx, err := startMetrics(cfg.Metrics, log)
 	if err != nil {
+		st.Close()
+		dev.Close()
+		return err
+	}
+	remote, err := bindRemote(cfg.Remote, prov.Name(), mx.remoteEvents(), log)
+	if err != nil {
+		mx.Close()
 		st.Close()
 		dev.Close()
 		return err
@@ -76,7 +83,9 @@ func cmdMount(args []string, stderr io.Writer) error {
 		// The daemon's own descriptors beyond clients' opens: the store's
 		// transient opens, the FUSE device, remote peers' sockets.
 		FdReserve: 128 + cfg.Remote.MaxConnections,
+		Events:    mx.bufferEvents(),
 	}, log)
+	mx.watch(mgr)
 	// The root belongs to whoever mounts (a non-root user's own mount).
 	tr, err := tree.New(mgr, tree.Options{
 		DefaultSize:   uint64(cfg.Buffers.DefaultSize),
@@ -102,6 +111,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 		mgr.Close()
 		dev.Close()
 		st.Close()
+		mx.Close()
 		if errors.Is(err, fs.ErrNoPassthrough) {
 			return fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
 		}
@@ -143,6 +153,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err := st.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close the backing store: %w", err))
 	}
+	mx.Close()
 	select {
 	case <-unmounted:
 	default:

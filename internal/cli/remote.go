@@ -34,22 +34,24 @@ type remoteAccess struct {
 	closer  io.Closer
 }
 
-// policy is [remote] as the transports apply it.
-func policy(cfg config.Remote) remote.Policy {
+// policy is [remote] as the transports apply it, reporting to ev.
+func policy(cfg config.Remote, ev remote.Events) remote.Policy {
 	return remote.Policy{
 		AllowFrom:  cfg.AllowFrom,
 		MaxConns:   cfg.MaxConnections,
 		MaxMessage: uint32(cfg.MaxMessageSize),
 		Timeout:    cfg.Timeout,
+		Events:     ev,
 	}
 }
 
-// bindRemote binds [remote] for backend; nil when remote.listen is off.
-func bindRemote(cfg config.Remote, backend string, log *slog.Logger) (*remoteAccess, error) {
-	return bindRemoteWith(cfg, backend, log, listenRDMA)
+// bindRemote binds [remote] for backend, reporting to ev (nil: nowhere);
+// nil when remote.listen is off.
+func bindRemote(cfg config.Remote, backend string, ev remote.Events, log *slog.Logger) (*remoteAccess, error) {
+	return bindRemoteWith(cfg, backend, ev, log, listenRDMA)
 }
 
-func bindRemoteWith(cfg config.Remote, backend string, log *slog.Logger, listen listenFunc) (*remoteAccess, error) {
+func bindRemoteWith(cfg config.Remote, backend string, ev remote.Events, log *slog.Logger, listen listenFunc) (*remoteAccess, error) {
 	if cfg.Listen == "" {
 		return nil, nil
 	}
@@ -61,10 +63,10 @@ func bindRemoteWith(cfg config.Remote, backend string, log *slog.Logger, listen 
 		if err != nil {
 			return nil, fmt.Errorf("remote.listen %q: %w", cfg.Listen, err)
 		}
-		r.closer = server.Serve(ln, policy(cfg), r.pending.Resolve, log)
+		r.closer = server.Serve(ln, policy(cfg, ev), r.pending.Resolve, log)
 		where = "tcp " + ln.Addr().String()
 	case config.BackendRDMA:
-		l, err := listen(cfg.Listen, policy(cfg), r.pending.Resolve, log)
+		l, err := listen(cfg.Listen, policy(cfg, ev), r.pending.Resolve, log)
 		if err != nil {
 			return nil, fmt.Errorf("remote access over rdma_cm on %s: %w", cfg.Listen, err)
 		}

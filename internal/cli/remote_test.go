@@ -35,7 +35,7 @@ func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 	}
 	log := slog.New(slog.DiscardHandler)
 	cfg := config.Remote{Listen: "10.0.2.15:0", MaxConnections: 3, AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
-	r, err := bindRemoteWith(cfg, config.BackendRDMA, log, fake)
+	r, err := bindRemoteWith(cfg, config.BackendRDMA, nil, log, fake)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,14 +62,14 @@ func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 	failing := func(string, remote.Policy, remote.Resolver, *slog.Logger) (rdmaListener, error) {
 		return nil, io.ErrUnexpectedEOF
 	}
-	if _, err := bindRemoteWith(config.Remote{Listen: "10.0.2.15:7471"}, config.BackendRDMA, log, failing); err == nil || !strings.Contains(err.Error(), "10.0.2.15:7471") {
+	if _, err := bindRemoteWith(config.Remote{Listen: "10.0.2.15:7471"}, config.BackendRDMA, nil, log, failing); err == nil || !strings.Contains(err.Error(), "10.0.2.15:7471") {
 		t.Errorf("bind with a failing listener: %v", err)
 	}
 }
 
 // The soft transport shows its bound port too (port 0 → the real one).
 func TestRemoteWhereSoftBoundAddress(t *testing.T) {
-	r, err := bindRemote(config.Remote{Listen: "127.0.0.1:0"}, config.BackendSoft, slog.New(slog.DiscardHandler))
+	r, err := bindRemote(config.Remote{Listen: "127.0.0.1:0"}, config.BackendSoft, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -251,6 +251,7 @@ func (k *conn) execute(f proto.Frame) proto.Frame {
 	c := proto.Frame{Type: proto.TypeCompletion, WRID: f.WRID, Op: f.Type}
 	if k.failed {
 		c.Status = uint32(verbs.WCWRFlushErr)
+		k.s.gate.Events().Completed(verbs.WCWRFlushErr)
 		return c
 	}
 	var st verbs.WCStatus
@@ -275,6 +276,7 @@ func (k *conn) execute(f proto.Frame) proto.Frame {
 		c.Old, st = k.resp.FetchAdd(f.IOVA, f.RKey, f.Add)
 	}
 	c.Status = uint32(st)
+	k.s.gate.Events().Completed(st)
 	if st != verbs.WCSuccess {
 		c.Data, c.Old = nil, 0
 		k.failed = true

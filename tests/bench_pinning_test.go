@@ -1,0 +1,145 @@
+package tests
+
+// Benchmarks of what issue 9 changed (docs/BENCHMARKS.md records them):
+//
+//   - registration time of 64 MiB and 1 GiB buffers on a store with
+//     transparent huge pages (buffers.huge_pages = "within_size", the
+//     default) against one without (never), in alternating rounds on two
+//     mounts;
+//   - the daemon's memory per buffer at 10,000 and 100,000 registered
+//     4 KiB buffers, beyond the buffers' own pages;
+//   - `ls -l` of a directory of 100,000 buffers.
+//
+// Run: go test -run '^$' -bench Pinning -benchtime 1x ./tests (as root).
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func BenchmarkPinning(b *testing.B) {
+	b.Run("huge", benchHuge)
+	b.Run("perbuffer", benchPerBuffer)
+}
+
+// benchHuge registers a fresh buffer of each size on both mounts, in
+// alternating order, and reports the median ratio of never/within_size.
+func benchHuge(b *testing.B) {
+	base := startDaemon(b, daemonConfig{Buffers: `huge_pages = "never"`})
+	huge := startDaemon(b, daemonConfig{Buffers: `huge_pages = "within_size"`})
+	for _, c := range []struct {
+		size   int64
+		rounds int
+	}{{64 << 20, 15}, {1 << 30, 5}} {
+		var tb, th []time.Duration
+		var ratios []float64
+		reg := func(d *daemon) time.Duration {
+			f := d.path("r")
+			makeBuffer(b, f, 0)
+			start := time.Now()
+			if err := unix.Truncate(f, c.size); err != nil {
+				b.Fatal(err)
+			}
+			took := time.Since(start)
+			if err := os.Remove(f); err != nil {
+				b.Fatal(err)
+			}
+			return took
+		}
+		for i := range c.rounds {
+			var x, y time.Duration
+			if i%2 == 0 {
+				x = reg(base)
+				y = reg(huge)
+			} else {
+				y = reg(huge)
+				x = reg(base)
+			}
+			tb, th = append(tb, x), append(th, y)
+			ratios = append(ratios, float64(x)/float64(y))
+		}
+		slices.Sort(ratios)
+		b.Logf("pinning-bench: | register %s | 4 KiB pages (never) %v | huge pages (within_size) %v | ratio (median of %d rounds) %.1fx |",
+			sizeName(c.size), medianDur(tb), medianDur(th), c.rounds, ratios[len(ratios)/2])
+	}
+}
+
+// benchPerBuffer fills one mount with 4 KiB buffers and reports the
+// daemon's anonymous memory (Go heap and stacks) and its whole resident
+// set beyond the buffers' own pages, per buffer, and the time of ls -l.
+func benchPerBuffer(b *testing.B) {
+	// 100,000 registered buffers are 100,000 mappings: past the default
+	// vm.max_map_count (65530) the daemon names that limit.
+	const mapCount = "/proc/sys/vm/max_map_count"
+	old, err := os.ReadFile(mapCount)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(mapCount, []byte("262144"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	defer os.WriteFile(mapCount, old, 0o644)
+	d := startDaemon(b, daemonConfig{Buffers: "max_buffers = 200000", Hang: 30 * time.Minute})
+	dir := d.path("many")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	kb := func(key string) int64 { return procStatusKB(b, d.pid(), key) }
+	anon0, rss0 := kb("RssAnon"), kb("VmRSS")
+	made := 0
+	for _, n := range []int{10000, 100000} {
+		start := time.Now()
+		for ; made < n; made++ {
+			f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(made)), os.O_CREATE|os.O_RDWR, 0o600)
+			if err == nil {
+				err = f.Truncate(4096)
+				f.Close()
+			}
+			if err != nil {
+				b.Fatalf("buffer %d: %v", made, err)
+			}
+		}
+		took := time.Since(start)
+		anon, rss := kb("RssAnon"), kb("VmRSS")
+		perAnon := float64(anon-anon0) * 1024 / float64(n)
+		perRSS := float64(rss-rss0)*1024/float64(n) - 4096
+		b.Logf("pinning-bench: | %d buffers | anonymous memory %.0f B per buffer | resident set beyond the 4 KiB page %.0f B per buffer | fds %d | made in %v |",
+			n, perAnon, perRSS, fdCount(b, d.pid()), took.Round(time.Millisecond))
+	}
+	var times []time.Duration
+	for range 5 {
+		start := time.Now()
+		cmd := exec.Command("ls", "-l", dir)
+		cmd.Stdout = nil
+		if err := cmd.Run(); err != nil {
+			b.Fatal(err)
+		}
+		times = append(times, time.Since(start))
+	}
+	b.Logf("pinning-bench: | ls -l of %d buffers | median of 5: %v |", made, medianDur(times))
+	if code := d.stop(syscall.SIGINT); code != 0 {
+		b.Errorf("exit %d", code)
+	}
+}
+
+func medianDur(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func sizeName(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%d GiB", n>>30)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
+}
