@@ -54,7 +54,7 @@ func (n *dirNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.At
 
 func (n *dirNode) fillDirAttr(out *fuse.Attr) {
 	fillMeta(n.dir, out)
-	out.Nlink = 2
+	out.Nlink = n.dir.Nlink()
 	out.Size = 4096
 }
 
@@ -80,7 +80,7 @@ func inode(c tree.Node) *fusefs.Inode {
 func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	c, err := n.dir.Lookup(name)
 	if err != nil {
-		return nil, syscall.ENOENT
+		return nil, toErrno(n.fsys.log, "lookup", err)
 	}
 	switch c := c.Aux().(type) {
 	case *bufferNode:

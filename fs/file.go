@@ -45,14 +45,17 @@ func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse
 	return 0
 }
 
-// orphanFd is, for a file already unlinked, the memfd duplicate that an
-// open passthrough handle f holds, else -1. The buffer is freed then (its
-// region deregistered, the daemon's own memfd closed), but the client
-// still has the memory: fstat and ftruncate through f act on it, as on
-// any unlinked file.
+// orphanFd is, for a file already unlinked, the descriptor an open
+// handle f holds, else -1. The buffer is freed then (its region
+// deregistered, its file out of the store), but the client still has the
+// memory: fstat, ftruncate and fallocate through f act on it, as on any
+// unlinked file.
 func (n *bufferNode) orphanFd(f fusefs.FileHandle) int {
-	if h, ok := f.(*passthroughHandle); ok && n.f.Unlinked() {
-		return h.fd.N
+	switch h := f.(type) {
+	case *passthroughHandle:
+		return h.orphan()
+	case *directHandle:
+		return h.orphan()
 	}
 	return -1
 }
@@ -146,24 +149,30 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 // or direct I/O in degraded mode. Mixing them on an inode makes the
 // kernel fail opens with EIO.
 //
-// A passthrough handle holds a descriptor of the buffer's file opened for
-// it (the daemon keeps none per buffer): go-fuse registers it with the
-// kernel after Open returns, and after an unlink it is the open file's
-// only way to its memory.
+// Each handle holds a descriptor of the buffer's file opened for it (the
+// daemon keeps none per buffer): go-fuse registers a passthrough one with
+// the kernel after Open returns, and after an unlink it is the open
+// file's only way to its memory.
 func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32, error) {
-	h := handle{node: n, writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
-	if !n.fsys.ZeroCopy {
-		return &directHandle{h}, fuse.FOPEN_DIRECT_IO, nil
-	}
 	fd, err := n.buf.Open()
 	if err != nil {
 		return nil, 0, err
 	}
-	return &passthroughHandle{handle: h, fd: fd}, 0, nil
+	h := handle{node: n, writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY, fd: fd}
+	if !n.fsys.ZeroCopy {
+		return &directHandle{h}, fuse.FOPEN_DIRECT_IO, nil
+	}
+	return &passthroughHandle{h}, 0, nil
 }
 
 func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
-	if err := n.buf.Allocate(off, size, mode); err != nil {
+	var err error
+	if fd := n.orphanFd(f); fd >= 0 {
+		err = unix.Fallocate(fd, mode, int64(off), int64(size)) // nothing registered any more
+	} else {
+		err = n.buf.Allocate(off, size, mode)
+	}
+	if err != nil {
 		return toErrno(n.fsys.log, "fallocate", err)
 	}
 	n.f.Touch(true)

@@ -4,35 +4,67 @@ import (
 	"context"
 	"errors"
 	"io"
-	"mrfs/buffer"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"mrfs/buffer"
 )
 
-// handle is what both kinds of open share.
+// handle is what both kinds of open share: a descriptor of the buffer's
+// file opened for this open (the daemon keeps none per buffer). After an
+// unlink it is the open file's only way to its memory, so fstat, ftruncate,
+// fallocate and lseek of an unlinked file go through it, as on any
+// filesystem.
 type handle struct {
 	node     *bufferNode
-	writable bool // opened for writing: flush reports registration failures
+	writable bool       // opened for writing: flush reports registration failures
+	fd       *buffer.Fd // closed at release
 }
+
+var _ = (fusefs.FileLseeker)((*handle)(nil))
 
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	return h.node.flush(h.writable)
 }
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.release()
 	h.node.sync()
 	return 0
 }
 
-// passthroughHandle hands the kernel the buffer's memfd: reads, writes and
-// mmap go to the registered pages without the daemon. Writes past EOF grow
-// the memfd unseen; flush and release learn the new size.
-type passthroughHandle struct {
-	handle
-	fd *buffer.Fd // closed at release
+// releaser is a handle that holds something to give back even when no
+// RELEASE comes (a Create that fails after making its handle).
+type releaser interface{ release() }
+
+func (h *handle) release() { h.fd.Close() }
+
+// Lseek answers SEEK_DATA and SEEK_HOLE (the kernel asks the daemon for
+// those) from the file itself.
+func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	n, err := unix.Seek(h.fd.N, int64(off), int(whence))
+	if err != nil {
+		return 0, toErrno(h.node.fsys.log, "lseek", err)
+	}
+	return uint64(n), 0
 }
+
+// orphan is the descriptor to act on when the file was unlinked (nothing
+// is registered any more), else -1.
+func (h *handle) orphan() int {
+	if h.node.f.Unlinked() {
+		return h.fd.N
+	}
+	return -1
+}
+
+// passthroughHandle hands the kernel the buffer's file: reads, writes and
+// mmap go to the registered pages without the daemon. Writes past EOF grow
+// the file unseen; flush and release learn the new size.
+type passthroughHandle struct{ handle }
 
 var (
 	_ = (fusefs.FilePassthroughFder)((*passthroughHandle)(nil))
@@ -42,23 +74,10 @@ var (
 
 func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.fd.N, true }
 
-func (h *passthroughHandle) Release(ctx context.Context) syscall.Errno {
-	h.release()
-	return h.handle.Release(ctx)
-}
-
-// releaser is a handle that holds something to give back even when no
-// RELEASE comes (a Create that fails after making its handle).
-type releaser interface{ release() }
-
-func (h *passthroughHandle) release() { h.fd.Close() }
-
 // directHandle serves reads and writes through the daemon (degraded mode:
 // no passthrough). Opened with FOPEN_DIRECT_IO, so the kernel keeps no
 // stale copy and MAP_SHARED fails with ENODEV.
-type directHandle struct {
-	handle
-}
+type directHandle struct{ handle }
 
 var (
 	_ = (fusefs.FileReader)((*directHandle)(nil))
@@ -68,7 +87,13 @@ var (
 )
 
 func (h *directHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	n, err := h.node.buf.ReadAt(dest, off)
+	var n int
+	var err error
+	if fd := h.orphan(); fd >= 0 {
+		n, err = unix.Pread(fd, dest, off)
+	} else {
+		n, err = h.node.buf.ReadAt(dest, off)
+	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, toErrno(h.node.fsys.log, "read", err)
 	}
@@ -76,7 +101,13 @@ func (h *directHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.R
 }
 
 func (h *directHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	n, err := h.node.buf.WriteAt(data, off)
+	var n int
+	var err error
+	if fd := h.orphan(); fd >= 0 {
+		n, err = unix.Pwrite(fd, data, off)
+	} else {
+		n, err = h.node.buf.WriteAt(data, off)
+	}
 	if err != nil {
 		return uint32(n), toErrno(h.node.fsys.log, "write", err)
 	}

@@ -40,6 +40,8 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	fsys := &filesystem{Options: opt, mgr: opt.Tree.Manager(), log: opt.Log}
 	root := newDirNode(fsys, opt.Tree.Root())
 	options := &fusefs.Options{
+		// Modes are shown exactly: 0000 is 0000 (key secrecy).
+		NullPermissions: true,
 		// Attribute and entry timeouts stay unset (0): sizes change
 		// behind the kernel's back (writes past EOF via passthrough).
 		MountOptions: fuse.MountOptions{

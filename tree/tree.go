@@ -136,6 +136,7 @@ type Dir struct {
 	t       *Tree
 	dom     *buffer.Domain
 	entries map[string]Node // guarded by t.mu
+	subdirs int             // guarded by t.mu: the entries that are directories
 }
 
 // File is a regular file: a registered buffer.
@@ -199,8 +200,12 @@ func checkName(name string) error {
 	return nil
 }
 
-// Lookup finds name in d: ENOENT when there is none.
+// Lookup finds name in d: ENOENT when there is none, ENAMETOOLONG for a
+// name no entry can have (every call on a path looks it up first).
 func (d *Dir) Lookup(name string) (Node, error) {
+	if len(name) > MaxNameLen {
+		return nil, fmt.Errorf("name of %d bytes (NAME_MAX is %d): %w", len(name), MaxNameLen, syscall.ENAMETOOLONG)
+	}
 	d.t.mu.RLock()
 	defer d.t.mu.RUnlock()
 	if n := d.entries[name]; n != nil {
@@ -266,10 +271,26 @@ func (d *Dir) link(name string, n Node) error {
 	if d.entries[name] != nil {
 		return fmt.Errorf("%q exists: %w", name, syscall.EEXIST)
 	}
+	d.addLocked(name, n)
+	return nil
+}
+
+// addLocked puts n in d under name. Callers hold t.mu for writing.
+func (d *Dir) addLocked(name string, n Node) {
 	d.entries[name] = n
+	if _, ok := n.(*Dir); ok {
+		d.subdirs++
+	}
 	b := n.base()
 	b.parent, b.name = d, name
-	return nil
+}
+
+// Nlink is the directory's link count: 2 (its name and ".") plus one
+// ".." per subdirectory, as on tmpfs.
+func (d *Dir) Nlink() uint32 {
+	d.t.mu.RLock()
+	defer d.t.mu.RUnlock()
+	return 2 + uint32(d.subdirs)
 }
 
 // Mkdir makes a directory name in d: a new PD whose files get
@@ -346,9 +367,14 @@ func (d *Dir) Unlink(name string) error {
 
 // removeLocked drops name from d. Callers hold t.mu for writing.
 func (d *Dir) removeLocked(name string) {
-	if n := d.entries[name]; n != nil {
-		n.base().parent = nil
+	n := d.entries[name]
+	if n == nil {
+		return
 	}
+	if _, ok := n.(*Dir); ok {
+		d.subdirs--
+	}
+	n.base().parent = nil
 	delete(d.entries, name)
 }
 
@@ -399,9 +425,10 @@ func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error 
 		if d.dom != dst.dom && (srcFile || oldFile) {
 			return fmt.Errorf("exchange %q and %q between PDs %d and %d: %w", name, newName, d.dom.PD(), dst.dom.PD(), syscall.EINVAL)
 		}
-		d.entries[name], dst.entries[newName] = old, src
-		old.base().parent, old.base().name = d, name
-		src.base().parent, src.base().name = dst, newName
+		d.removeLocked(name)
+		dst.removeLocked(newName)
+		d.addLocked(name, old)
+		dst.addLocked(newName, src)
 		d.Touch(true)
 		dst.Touch(true)
 		return nil
@@ -446,9 +473,8 @@ func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error 
 		}
 		dst.removeLocked(newName)
 	}
-	delete(d.entries, name)
-	dst.entries[newName] = src
-	src.base().parent, src.base().name = dst, newName
+	d.removeLocked(name)
+	dst.addLocked(newName, src)
 	d.Touch(true)
 	dst.Touch(true)
 	return nil

@@ -438,3 +438,51 @@ func TestMeta(t *testing.T) {
 		}
 	}
 }
+
+// A directory's link count is 2 plus its subdirectories, through mkdir,
+// rmdir, renames and exchanges; a name past NAME_MAX is ENAMETOOLONG on
+// lookup too.
+func TestNlinkAndLongNames(t *testing.T) {
+	tr := newTree(t, 0, 0)
+	root := tr.Root()
+	a := mkdir(t, root, "a")
+	mkdir(t, a, "x")
+	mkdir(t, a, "y")
+	create(t, a, "f")
+	b := mkdir(t, root, "b")
+	if root.Nlink() != 4 || a.Nlink() != 4 || b.Nlink() != 2 {
+		t.Fatalf("nlink root %d a %d b %d, want 4 4 2", root.Nlink(), a.Nlink(), b.Nlink())
+	}
+	if err := a.Rename("x", b, "x", 0); err != nil {
+		t.Fatal(err)
+	}
+	if a.Nlink() != 3 || b.Nlink() != 3 {
+		t.Errorf("after moving a directory: a %d b %d, want 3 3", a.Nlink(), b.Nlink())
+	}
+	if err := a.Rename("f", b, "x", tree.RenameExchange); err == nil {
+		t.Error("exchanged a file with a directory across PDs")
+	}
+	if err := a.Rename("y", b, "x", tree.RenameExchange); err != nil {
+		t.Fatal(err)
+	}
+	if a.Nlink() != 3 || b.Nlink() != 3 {
+		t.Errorf("after exchanging two directories: a %d b %d, want 3 3", a.Nlink(), b.Nlink())
+	}
+	mkdir(t, b, "z")
+	if err := b.Rename("x", b, "z", 0); err != nil { // over an empty directory
+		t.Fatal(err)
+	}
+	if b.Nlink() != 3 {
+		t.Errorf("after renaming over a directory: b %d, want 3", b.Nlink())
+	}
+	if err := b.Rmdir("z"); err != nil {
+		t.Fatal(err)
+	}
+	if b.Nlink() != 2 {
+		t.Errorf("after rmdir: b %d, want 2", b.Nlink())
+	}
+	_, err := root.Lookup(strings.Repeat("n", tree.MaxNameLen+1))
+	wantErrno(t, err, syscall.ENAMETOOLONG, "lookup of a 256-byte name")
+	_, err = root.Lookup(strings.Repeat("n", tree.MaxNameLen))
+	wantErrno(t, err, syscall.ENOENT, "lookup of a missing 255-byte name")
+}
