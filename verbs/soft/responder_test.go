@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/verbs"
+	"mrfs/verbs/verbstest"
 )
 
 // mapAnon returns n bytes of anonymous shared memory (never the Go heap),
@@ -133,6 +134,70 @@ func TestResponderChecks(t *testing.T) {
 		}
 		if !bytes.Equal(mem, snapshot) {
 			t.Errorf("%s: memory changed", c.name)
+		}
+	}
+}
+
+// TestResponderAccessMatrix: for every combination of access flags the
+// kernel accepts, each operation succeeds exactly when the region has
+// the one flag it needs (local_write plays no part) and then does what
+// it says; a refused one changes no byte.
+func TestResponderAccessMatrix(t *testing.T) {
+	_, p := open(t, Options{})
+	r := responderOf(t, p)
+	for _, a := range verbstest.ValidAccess {
+		for _, op := range verbstest.Ops {
+			t.Run(verbstest.AccessName(a)+"/"+op.Name, func(t *testing.T) {
+				mem := mapAnon(t, int(pageSize))
+				mr := reg(t, p, addrOf(mem), uint64(len(mem)), a)
+				for i := range mem {
+					mem[i] = byte(i * 7)
+				}
+				const off = 64
+				binary.NativeEndian.PutUint64(mem[off:], 5)
+				allowed := a&op.Need != 0
+				want := bytes.Clone(mem) // a refused operation changes nothing
+				iova, key := mr.IOVA()+off, mr.RKey()
+				var st verbs.WCStatus
+				switch op.Name {
+				case "READ":
+					got := make([]byte, 8)
+					if st = r.Read(got, iova, key); st == verbs.WCSuccess && !bytes.Equal(got, want[off:off+8]) {
+						t.Errorf("READ returned %x, memory holds %x", got, want[off:off+8])
+					}
+				case "WRITE":
+					st = r.Write(iova, key, []byte("ABCDEFGH"))
+					if allowed {
+						copy(want[off:], "ABCDEFGH")
+					}
+				case "CAS":
+					var old uint64
+					if old, st = r.CompareSwap(iova, key, 5, 9); st == verbs.WCSuccess && old != 5 {
+						t.Errorf("CAS returned old %d, want 5", old)
+					}
+					if allowed {
+						binary.NativeEndian.PutUint64(want[off:], 9)
+					}
+				case "FADD":
+					var old uint64
+					if old, st = r.FetchAdd(iova, key, 3); st == verbs.WCSuccess && old != 5 {
+						t.Errorf("FADD returned old %d, want 5", old)
+					}
+					if allowed {
+						binary.NativeEndian.PutUint64(want[off:], 8)
+					}
+				}
+				wantSt := verbs.WCRemAccessErr
+				if allowed {
+					wantSt = verbs.WCSuccess
+				}
+				if st != wantSt {
+					t.Errorf("%s on a region with access %q: %v, want %v", op.Name, verbstest.AccessName(a), st, wantSt)
+				}
+				if !bytes.Equal(mem, want) {
+					t.Errorf("%s on a region with access %q: memory is not what it should be", op.Name, verbstest.AccessName(a))
+				}
+			})
 		}
 	}
 }
