@@ -53,3 +53,10 @@ type Stats struct {
 	RegisteredBytes uint64 // sum of registered lengths
 	PinnedBytes     uint64 // the same rounded up to whole pages
 }
+
+// Freed is what Manager.Close released.
+type Freed struct {
+	Regions       int    // regions deregistered
+	PDs           int    // protection domains deallocated
+	UnpinnedBytes uint64 // the deregistered regions' bytes, in whole pages
+}

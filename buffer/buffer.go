@@ -625,18 +625,25 @@ func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 // and closes the memfd. Later calls on the buffer fail with ENOENT; Info
 // still works. If deregistration fails, nothing is unmapped (the device
 // could still write there) and the error is returned.
-func (b *Buffer) Free() error { return b.free(errFreed) }
+func (b *Buffer) Free() error {
+	_, err := b.free(errFreed)
+	return err
+}
 
-func (b *Buffer) free(gone error) error {
+// free is Free; it returns the bytes (whole pages) of the region it
+// deregistered, 0 when there was none.
+func (b *Buffer) free(gone error) (unpinned uint64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
-		return fmt.Errorf("free: %w", b.gone)
+		return 0, fmt.Errorf("free: %w", b.gone)
 	}
 	if b.mr != nil {
+		n := b.mr.Length()
 		if err := b.m.deregMR(b.mr, true); err != nil {
-			return fmt.Errorf("free: %w", err)
+			return 0, fmt.Errorf("free: %w", err)
 		}
+		unpinned = pageRound(n)
 		b.mr = nil
 	}
 	if err := b.mp.unmap(); err != nil {
@@ -651,5 +658,5 @@ func (b *Buffer) free(gone error) error {
 	delete(b.m.buffers, b)
 	b.dom.nbuf--
 	b.m.mu.Unlock()
-	return nil
+	return unpinned, nil
 }

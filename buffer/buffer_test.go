@@ -665,11 +665,17 @@ func TestManagerClose(t *testing.T) {
 		t.Fatal("VmLck did not change while 600 KiB were registered")
 	}
 	pds := []verbs.PD{e.d.VerbsPD(), d2.VerbsPD()}
-	if err := e.m.Close(); err != nil {
+	// Close reports what it freed: the three registered buffers (the
+	// first is empty), 100+200+300 pages, and both PDs.
+	freed, err := e.m.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.m.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
+	if want := (buffer.Freed{Regions: 3, PDs: 2, UnpinnedBytes: 600 * page}); freed != want {
+		t.Errorf("Close freed %+v, want %+v", freed, want)
+	}
+	if freed, err := e.m.Close(); err != nil || freed != (buffer.Freed{}) {
+		t.Fatalf("second Close: %+v, %v; want nothing freed", freed, err)
 	}
 	if got := vmLck(t); got != lckBefore {
 		t.Fatalf("VmLck %s after Close, %s before", got, lckBefore)

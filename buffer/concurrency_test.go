@@ -118,7 +118,7 @@ func TestConcurrency(t *testing.T) {
 	}
 	wg.Wait()
 
-	if err := e.m.Close(); err != nil {
+	if _, err := e.m.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if mrs, pds := e.dev.counts(); mrs != 0 || pds != 0 {
@@ -199,7 +199,7 @@ func TestCloseRacesCreate(t *testing.T) {
 				}
 			})
 		}
-		if err := e.m.Close(); err != nil {
+		if _, err := e.m.Close(); err != nil {
 			t.Error(err)
 		}
 		wg.Wait()

@@ -67,7 +67,7 @@ func setup(t *testing.T, opt buffer.Options, maxMR int) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := e.m.Close(); err != nil {
+		if _, err := e.m.Close(); err != nil {
 			t.Errorf("Manager.Close: %v", err)
 		}
 		if mrs, pds := e.dev.counts(); mrs != 0 || pds != 0 {

@@ -102,13 +102,17 @@ func (m *Manager) checkAccess(a verbs.Access) error {
 
 // Close closes what is attached to the domains (remote connections,
 // queue pairs), frees every buffer (deregister, unmap, close) and
-// deallocates every domain. Operations on them afterwards fail with
-// ENODEV. Close is idempotent; it does not close the device.
-func (m *Manager) Close() error {
+// deallocates every domain. It returns what it freed itself, counted as
+// each call to the device succeeds, so that the caller can report the
+// teardown that happened rather than the totals before it. Operations on
+// the buffers and domains afterwards fail with ENODEV. Close is
+// idempotent (a second call frees nothing); it does not close the device.
+func (m *Manager) Close() (Freed, error) {
+	var freed Freed
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return nil
+		return freed, nil
 	}
 	// From here Create and NewDomain refuse, so the sets only shrink.
 	m.closed = true
@@ -133,8 +137,13 @@ func (m *Manager) Close() error {
 	var errs []error
 	for _, b := range bufs {
 		// free waits for a Create still building b (it holds b.mu).
-		if err := b.free(errClosed); err != nil && !errors.Is(err, errClosed) && !errors.Is(err, errFreed) {
+		unpinned, err := b.free(errClosed)
+		if err != nil && !errors.Is(err, errClosed) && !errors.Is(err, errFreed) {
 			errs = append(errs, err)
+		}
+		if unpinned > 0 {
+			freed.Regions++
+			freed.UnpinnedBytes += unpinned
 		}
 	}
 
@@ -145,10 +154,11 @@ func (m *Manager) Close() error {
 			errs = append(errs, fmt.Errorf("dealloc pd %d: %w", d.handle, err))
 			continue
 		}
+		freed.PDs++
 		d.closed = true
 		delete(m.domains, d)
 	}
-	return errors.Join(errs...)
+	return freed, errors.Join(errs...)
 }
 
 // Sentinels for a buffer or domain that is gone. They wrap the errnos the
