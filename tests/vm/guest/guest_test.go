@@ -392,7 +392,7 @@ func TestKernelSeesMrfsRegistrations(t *testing.T) {
 	// leaked: its own account of the teardown is what shows that mrfs
 	// deregistered and deallocated before it exited.
 	if log := d.log.String(); !strings.Contains(log, "teardown complete") ||
-		!strings.Contains(log, "deregistered_buffers=2") || !strings.Contains(log, "deallocated_pds=2") {
+		!strings.Contains(log, "deregistered_regions=2") || !strings.Contains(log, "deallocated_pds=2") {
 		t.Errorf("mrfs did not report a teardown of 2 buffers and 2 PDs")
 	}
 	if left := newSince(t, "mr", mrsBefore, pid); len(left) != 0 {
