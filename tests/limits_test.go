@@ -31,9 +31,8 @@ func TestMaxBuffersENOSPC(t *testing.T) {
 		t.Errorf("touch past max_buffers: %v, %q; want No space left on device", err, errOut)
 	}
 	before.requireSame(t, takeSnapshot(t, d.mnt, d.path("a"), d.path("b")), "refused creates")
-	ents, _ := os.ReadDir(d.mnt)
-	if len(ents) != 2 {
-		t.Errorf("readdir has %d entries, want 2", len(ents))
+	if ents, err := os.ReadDir(d.mnt); err != nil || len(ents) != 2 {
+		t.Errorf("readdir: %d entries, %v; want 2", len(ents), err)
 	}
 	if line, ok := d.waitLog(regexp.MustCompile(`max_buffers`), 2*time.Second); !ok {
 		t.Errorf("daemon did not log which limit was hit (no line mentioning max_buffers)")
