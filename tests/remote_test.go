@@ -35,7 +35,14 @@ const allRemote = "local_write,remote_write,remote_read,remote_atomic"
 // startRemote mounts with remote access on and returns the peer address.
 func startRemote(t *testing.T) (*daemon, string) {
 	t.Helper()
-	d := startDaemon(t, daemonConfig{Remote: remoteConfig})
+	return startRemoteConf(t, remoteConfig)
+}
+
+// startRemoteConf is startRemote with another [remote] table, which must
+// listen on 127.0.0.1:0.
+func startRemoteConf(t *testing.T, conf string) (*daemon, string) {
+	t.Helper()
+	d := startDaemon(t, daemonConfig{Remote: conf})
 	v := mustXattr(t, d.mnt, xRemote)
 	f := strings.SplitN(v, " ", 3)
 	if len(f) != 3 || f[0] != "tcp" || f[2] != "/" || !strings.HasPrefix(f[1], "127.0.0.1:") || strings.HasSuffix(f[1], ":0") {
