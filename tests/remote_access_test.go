@@ -2,7 +2,6 @@ package tests
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"sync"
@@ -15,35 +14,30 @@ import (
 	"mrfs/verbs/verbstest"
 )
 
-// matrixOff is where the access-matrix operations act: an aligned word
-// inside the buffer, not at its start.
-const matrixOff = 64
-
-// doOp runs one operation of verbstest.Ops at addr+matrixOff on a fresh
+// doOp runs op of the access matrix (verbstest.Ops) on a fresh
 // connection to dir (an operation that fails leaves a queue pair in
 // error) and returns its status. A READ's data and an atomic's old value
-// are checked against want, the buffer's bytes before the operation.
-func doOp(t *testing.T, peer, dir string, op verbstest.Op, addr uint64, key uint32, want []byte) verbs.WCStatus {
+// are checked against before, the buffer's bytes.
+func doOp(t *testing.T, peer, dir string, op verbstest.Op, addr uint64, key uint32, before []byte) verbs.WCStatus {
 	t.Helper()
 	c := dialPD(t, peer, dir)
 	defer c.Close()
-	word := binary.NativeEndian.Uint64(want[matrixOff:])
+	const off = verbstest.MatrixOff
+	iova, word := addr+off, verbstest.Word(before)
 	var err error
-	var old uint64
+	old := word
 	switch op.Name {
 	case "READ":
 		got := make([]byte, 8)
-		if err = c.Read(got, addr+matrixOff, key); err == nil && !bytes.Equal(got, want[matrixOff:matrixOff+8]) {
-			t.Errorf("READ returned %x, the buffer holds %x", got, want[matrixOff:matrixOff+8])
+		if err = c.Read(got, iova, key); err == nil && !bytes.Equal(got, before[off:off+8]) {
+			t.Errorf("READ returned %x, the buffer holds %x", got, before[off:off+8])
 		}
-		return client.Status(err)
 	case "WRITE":
-		err = c.Write(addr+matrixOff, key, []byte("ABCDEFGH"))
-		return client.Status(err)
+		err = c.Write(iova, key, verbstest.MatrixData)
 	case "CAS":
-		old, err = c.CompareSwap(addr+matrixOff, key, word, 9)
+		old, err = c.CompareSwap(iova, key, word, verbstest.MatrixSwap)
 	case "FADD":
-		old, err = c.FetchAdd(addr+matrixOff, key, 3)
+		old, err = c.FetchAdd(iova, key, verbstest.MatrixAdd)
 	}
 	if err == nil && old != word {
 		t.Errorf("%s returned old %d, the word was %d", op.Name, old, word)
@@ -51,35 +45,32 @@ func doOp(t *testing.T, peer, dir string, op verbstest.Op, addr uint64, key uint
 	return client.Status(err)
 }
 
-// applyOp is what a successful operation of doOp does to the buffer b.
-func applyOp(op verbstest.Op, b []byte) {
-	w := b[matrixOff : matrixOff+8]
-	switch op.Name {
-	case "WRITE":
-		copy(w, "ABCDEFGH")
-	case "CAS":
-		binary.NativeEndian.PutUint64(w, 9)
-	case "FADD":
-		binary.NativeEndian.PutUint64(w, binary.NativeEndian.Uint64(w)+3)
-	}
-}
-
-// fillForOp writes a pattern and the word 5 at matrixOff into the first
-// n bytes of path, in place (O_TRUNC would re-register: new keys), and
-// returns what the file holds.
-func fillForOp(t *testing.T, path string, n int) []byte {
+// checkOp fills file (verbstest.MatrixBuffer, in place: O_TRUNC would
+// re-register), runs op from a peer of dir, and wants it to succeed
+// (worked) or end in IBV_WC_REM_ACCESS_ERR, and the file to hold what
+// follows.
+func checkOp(t *testing.T, peer, dir, file string, op verbstest.Op, addr uint64, key uint32, worked bool, what string) {
 	t.Helper()
-	b := patternBytes(n)
-	binary.NativeEndian.PutUint64(b[matrixOff:], 5)
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	before := verbstest.MatrixBuffer(4096)
+	fh, err := os.OpenFile(file, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	if _, err := f.WriteAt(b, 0); err != nil {
+	_, err = fh.WriteAt(before, 0)
+	fh.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	want, wantSt := before, verbs.WCRemAccessErr
+	if worked {
+		want, wantSt = op.Apply(before), verbs.WCSuccess
+	}
+	if st := doOp(t, peer, dir, op, addr, key, before); st != wantSt {
+		t.Errorf("%s %s: %v, want %v", op.Name, what, st, wantSt)
+	}
+	if got, err := os.ReadFile(file); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("%s %s: the file does not hold what it should (%v)", op.Name, what, err)
+	}
 }
 
 // TestRemoteAccessMatrix: through the mount and the soft transport, for
@@ -99,27 +90,14 @@ func TestRemoteAccessMatrix(t *testing.T) {
 			t.Errorf("access %q after a refused set of %s", got, a)
 		}
 	}
-	const size = 4096
 	for i, a := range verbstest.ValidAccess {
 		f := d.path(fmt.Sprintf("acc%d", i))
-		addr, key := remoteBuf(t, f, size, verbstest.AccessName(a))
+		addr, key := remoteBuf(t, f, 4096, verbstest.AccessName(a))
 		if got := mustXattr(t, f, xAccess); got != a.String() {
 			t.Fatalf("access %q after setting %q", got, verbstest.AccessName(a))
 		}
 		for _, op := range verbstest.Ops {
-			before := fillForOp(t, f, size)
-			want := bytes.Clone(before)
-			wantSt := verbs.WCRemAccessErr
-			if a&op.Need != 0 {
-				wantSt = verbs.WCSuccess
-				applyOp(op, want)
-			}
-			if st := doOp(t, peer, "/", op, addr, key, before); st != wantSt {
-				t.Errorf("%s on a buffer with access %q: %v, want %v", op.Name, verbstest.AccessName(a), st, wantSt)
-			}
-			if got, err := os.ReadFile(f); err != nil || !bytes.Equal(got, want) {
-				t.Errorf("%s on a buffer with access %q: the file does not hold what it should (%v)", op.Name, verbstest.AccessName(a), err)
-			}
+			checkOp(t, peer, "/", f, op, addr, key, a&op.Need != 0, fmt.Sprintf("on a buffer with access %q", verbstest.AccessName(a)))
 		}
 	}
 }
@@ -137,9 +115,8 @@ func TestRemoteAfterMove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const size = 4096
 	src, dst := d.path("old", "buf"), d.path("new", "buf")
-	oldAddr, oldKey := remoteBuf(t, src, size, allRemote)
+	oldAddr, oldKey := remoteBuf(t, src, 4096, allRemote)
 	if err := os.Rename(src, dst); err != nil {
 		t.Fatal(err)
 	}
@@ -148,10 +125,10 @@ func TestRemoteAfterMove(t *testing.T) {
 		t.Errorf("rkey 0x%x unchanged by a move to another PD", key)
 	}
 	for _, c := range []struct {
-		dir        string
-		addr       uint64
-		key        uint32
-		wantWorked bool
+		dir    string
+		addr   uint64
+		key    uint32
+		worked bool
 	}{
 		{"/new", addr, key, true},
 		{"/old", addr, key, false},
@@ -160,19 +137,7 @@ func TestRemoteAfterMove(t *testing.T) {
 		{"/", addr, key, false},
 	} {
 		for _, op := range verbstest.Ops {
-			before := fillForOp(t, dst, size)
-			want := bytes.Clone(before)
-			wantSt := verbs.WCRemAccessErr
-			if c.wantWorked {
-				wantSt = verbs.WCSuccess
-				applyOp(op, want)
-			}
-			if st := doOp(t, peer, c.dir, op, c.addr, c.key, before); st != wantSt {
-				t.Errorf("%s from %s with rkey 0x%x after the move: %v, want %v", op.Name, c.dir, c.key, st, wantSt)
-			}
-			if got, err := os.ReadFile(dst); err != nil || !bytes.Equal(got, want) {
-				t.Errorf("%s from %s with rkey 0x%x after the move: the file does not hold what it should (%v)", op.Name, c.dir, c.key, err)
-			}
+			checkOp(t, peer, c.dir, dst, op, c.addr, c.key, c.worked, fmt.Sprintf("from %s with rkey 0x%x after the move", c.dir, c.key))
 		}
 	}
 }

@@ -145,54 +145,36 @@ func TestResponderChecks(t *testing.T) {
 func TestResponderAccessMatrix(t *testing.T) {
 	_, p := open(t, Options{})
 	r := responderOf(t, p)
+	const off = verbstest.MatrixOff
 	for _, a := range verbstest.ValidAccess {
 		for _, op := range verbstest.Ops {
 			t.Run(verbstest.AccessName(a)+"/"+op.Name, func(t *testing.T) {
 				mem := mapAnon(t, int(pageSize))
 				mr := reg(t, p, addrOf(mem), uint64(len(mem)), a)
-				for i := range mem {
-					mem[i] = byte(i * 7)
-				}
-				const off = 64
-				binary.NativeEndian.PutUint64(mem[off:], 5)
-				allowed := a&op.Need != 0
-				want := bytes.Clone(mem) // a refused operation changes nothing
-				iova, key := mr.IOVA()+off, mr.RKey()
+				before := verbstest.MatrixBuffer(len(mem))
+				copy(mem, before)
+				iova, key, word := mr.IOVA()+off, mr.RKey(), verbstest.Word(before)
 				var st verbs.WCStatus
+				old := word
 				switch op.Name {
 				case "READ":
 					got := make([]byte, 8)
-					if st = r.Read(got, iova, key); st == verbs.WCSuccess && !bytes.Equal(got, want[off:off+8]) {
-						t.Errorf("READ returned %x, memory holds %x", got, want[off:off+8])
+					if st = r.Read(got, iova, key); st == verbs.WCSuccess && !bytes.Equal(got, before[off:off+8]) {
+						t.Errorf("READ returned %x, memory holds %x", got, before[off:off+8])
 					}
 				case "WRITE":
-					st = r.Write(iova, key, []byte("ABCDEFGH"))
-					if allowed {
-						copy(want[off:], "ABCDEFGH")
-					}
+					st = r.Write(iova, key, verbstest.MatrixData)
 				case "CAS":
-					var old uint64
-					if old, st = r.CompareSwap(iova, key, 5, 9); st == verbs.WCSuccess && old != 5 {
-						t.Errorf("CAS returned old %d, want 5", old)
-					}
-					if allowed {
-						binary.NativeEndian.PutUint64(want[off:], 9)
-					}
+					old, st = r.CompareSwap(iova, key, word, verbstest.MatrixSwap)
 				case "FADD":
-					var old uint64
-					if old, st = r.FetchAdd(iova, key, 3); st == verbs.WCSuccess && old != 5 {
-						t.Errorf("FADD returned old %d, want 5", old)
-					}
-					if allowed {
-						binary.NativeEndian.PutUint64(want[off:], 8)
-					}
+					old, st = r.FetchAdd(iova, key, verbstest.MatrixAdd)
 				}
-				wantSt := verbs.WCRemAccessErr
-				if allowed {
-					wantSt = verbs.WCSuccess
+				want, wantSt := before, verbs.WCRemAccessErr
+				if a&op.Need != 0 {
+					want, wantSt = op.Apply(before), verbs.WCSuccess
 				}
-				if st != wantSt {
-					t.Errorf("%s on a region with access %q: %v, want %v", op.Name, verbstest.AccessName(a), st, wantSt)
+				if st != wantSt || st == verbs.WCSuccess && old != word {
+					t.Errorf("%s on a region with access %q: %v (old word %d), want %v (old word %d)", op.Name, verbstest.AccessName(a), st, old, wantSt, word)
 				}
 				if !bytes.Equal(mem, want) {
 					t.Errorf("%s on a region with access %q: memory is not what it should be", op.Name, verbstest.AccessName(a))

@@ -1,6 +1,11 @@
 package verbstest
 
-import "mrfs/verbs"
+import (
+	"bytes"
+	"encoding/binary"
+
+	"mrfs/verbs"
+)
 
 // The access matrix every transport is tested on: each combination of
 // the four flags mrfs exposes, against each one-sided operation. The
@@ -57,4 +62,48 @@ func AccessName(a verbs.Access) string {
 		return "none"
 	}
 	return a.String()
+}
+
+// MatrixOff is where the matrix's operations act: an aligned word inside
+// the buffer, not at its start.
+const MatrixOff = 64
+
+// The operands of the matrix's operations: a WRITE of MatrixData, a CAS
+// of the word (compared with its value) to MatrixSwap, a FADD of
+// MatrixAdd.
+var MatrixData = []byte("ABCDEFGH")
+
+const (
+	MatrixSwap = 9
+	MatrixAdd  = 3
+)
+
+// MatrixBuffer is what a buffer holds before each operation of the
+// matrix: n bytes of a pattern, with the word 5 at MatrixOff.
+func MatrixBuffer(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	binary.NativeEndian.PutUint64(b[MatrixOff:], 5)
+	return b
+}
+
+// Word is the word at MatrixOff of b.
+func Word(b []byte) uint64 { return binary.NativeEndian.Uint64(b[MatrixOff:]) }
+
+// Apply returns the bytes b after op succeeded on them (a READ changes
+// nothing); b is left as it was.
+func (op Op) Apply(b []byte) []byte {
+	b = bytes.Clone(b)
+	w := b[MatrixOff : MatrixOff+8]
+	switch op.Name {
+	case "WRITE":
+		copy(w, MatrixData)
+	case "CAS":
+		binary.NativeEndian.PutUint64(w, MatrixSwap)
+	case "FADD":
+		binary.NativeEndian.PutUint64(w, binary.NativeEndian.Uint64(w)+MatrixAdd)
+	}
+	return b
 }

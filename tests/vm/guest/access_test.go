@@ -4,7 +4,6 @@ package guest
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -18,49 +17,38 @@ import (
 	"mrfs/verbs/verbstest"
 )
 
-// opOff is where the operations of verbstest.Ops act: an aligned word
-// inside the buffer, not at its start.
-const opOff = 64
-
 // rdmaOp connects to the daemon over rdma_cm as a peer in the PD of dir,
 // on a fresh queue pair (one that saw an error is in the error state),
-// runs op at addr+opOff and returns its completion status. The peer is
-// this process: rxe0 checks the keys, the range and the access, as it
-// does for any other. A READ's data and an atomic's old value are
-// checked against want, the buffer's bytes before the operation.
-func rdmaOp(t *testing.T, peer, dir string, op verbstest.Op, addr uint64, rkey uint32, want []byte) verbs.WCStatus {
+// runs op of the access matrix (verbstest.Ops) and returns its
+// completion status. The peer is this process: rxe0 checks the keys, the
+// range and the access, as it does for any other. A READ's data and an
+// atomic's old value are checked against before, the buffer's bytes.
+func rdmaOp(t *testing.T, peer, dir string, op verbstest.Op, addr uint64, rkey uint32, before []byte) verbs.WCStatus {
 	t.Helper()
 	c, err := rdmacm.Dial(peer, dir, rdmacm.DialOptions{Timeout: 20 * time.Second})
 	if err != nil {
 		t.Fatalf("rdma_cm connect to %s pd %s: %v", peer, dir, err)
 	}
 	defer c.Close()
-	word := binary.NativeEndian.Uint64(want[opOff:])
-	var old uint64
+	const off = verbstest.MatrixOff
+	iova, word := addr+off, verbstest.Word(before)
+	old := word
 	switch op.Name {
 	case "READ":
 		var got []byte
-		if got, err = c.Read(addr+opOff, rkey, 8); err == nil && !bytes.Equal(got, want[opOff:opOff+8]) {
-			t.Errorf("READ returned %x, the buffer holds %x", got, want[opOff:opOff+8])
+		if got, err = c.Read(iova, rkey, 8); err == nil && !bytes.Equal(got, before[off:off+8]) {
+			t.Errorf("READ returned %x, the buffer holds %x", got, before[off:off+8])
 		}
-		return wcStatus(t, err)
 	case "WRITE":
-		return wcStatus(t, c.Write(addr+opOff, rkey, []byte("ABCDEFGH")))
+		err = c.Write(iova, rkey, verbstest.MatrixData)
 	case "CAS":
-		old, err = c.CompareSwap(addr+opOff, rkey, word, 9)
+		old, err = c.CompareSwap(iova, rkey, word, verbstest.MatrixSwap)
 	case "FADD":
-		old, err = c.FetchAdd(addr+opOff, rkey, 3)
+		old, err = c.FetchAdd(iova, rkey, verbstest.MatrixAdd)
 	}
 	if err == nil && old != word {
 		t.Errorf("%s returned old %d, the word was %d", op.Name, old, word)
 	}
-	return wcStatus(t, err)
-}
-
-// wcStatus is the completion status an operation ended with; any other
-// failure ends the test.
-func wcStatus(t *testing.T, err error) verbs.WCStatus {
-	t.Helper()
 	var wc *rdmacm.WCError
 	switch {
 	case err == nil:
@@ -68,34 +56,8 @@ func wcStatus(t *testing.T, err error) verbs.WCStatus {
 	case errors.As(err, &wc):
 		return wc.Status
 	}
-	t.Fatalf("operation failed without a completion: %v", err)
+	t.Fatalf("%s failed without a completion: %v", op.Name, err)
 	return 0
-}
-
-// applyOp is what a successful operation of rdmaOp does to the bytes b.
-func applyOp(op verbstest.Op, b []byte) {
-	w := b[opOff : opOff+8]
-	switch op.Name {
-	case "WRITE":
-		copy(w, "ABCDEFGH")
-	case "CAS":
-		binary.NativeEndian.PutUint64(w, 9)
-	case "FADD":
-		binary.NativeEndian.PutUint64(w, binary.NativeEndian.Uint64(w)+3)
-	}
-}
-
-// fillForOp writes a pattern with the word 5 at opOff over the whole
-// file, in place (no O_TRUNC: keys stay), and returns it.
-func fillForOp(t *testing.T, path string, n int) []byte {
-	t.Helper()
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i * 7)
-	}
-	binary.NativeEndian.PutUint64(b[opOff:], 5)
-	writeAt(t, path, b)
-	return b
 }
 
 // keys parses the addr and rkey xattrs that buffer returns.
@@ -112,17 +74,16 @@ func keys(t *testing.T, iova, rkey string) (uint64, uint32) {
 	return a, uint32(k)
 }
 
-// checkOp runs op as a peer of dir and wants it to succeed (worked) or
-// end in IBV_WC_REM_ACCESS_ERR, and the file to hold what follows.
+// checkOp fills file (verbstest.MatrixBuffer, in place: no O_TRUNC, the
+// keys stay), runs op as a peer of dir, and wants it to succeed (worked)
+// or end in IBV_WC_REM_ACCESS_ERR, and the file to hold what follows.
 func checkOp(t *testing.T, d *remoteDaemon, dir, file string, op verbstest.Op, addr uint64, rkey uint32, worked bool, what string) {
 	t.Helper()
-	const size = 4096
-	before := fillForOp(t, file, size)
-	want := bytes.Clone(before)
-	wantSt := verbs.WCRemAccessErr
+	before := verbstest.MatrixBuffer(4096)
+	writeAt(t, file, before)
+	want, wantSt := before, verbs.WCRemAccessErr
 	if worked {
-		wantSt = verbs.WCSuccess
-		applyOp(op, want)
+		want, wantSt = op.Apply(before), verbs.WCSuccess
 	}
 	if st := rdmaOp(t, d.peer, dir, op, addr, rkey, before); st != wantSt {
 		t.Errorf("%s %s: %v, want %v", op.Name, what, st, wantSt)
