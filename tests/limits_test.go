@@ -80,10 +80,13 @@ func TestMaxPinnedENOSPC(t *testing.T) {
 	if _, ok := d.waitLog(regexp.MustCompile(`max_pinned`), 2*time.Second); !ok {
 		t.Errorf("daemon did not log which limit was hit (no line mentioning max_pinned)")
 	}
-	// Within the limit still works.
-	if err := unix.Truncate(d.path("g"), 256<<10); err != nil {
-		t.Errorf("256 KiB beside 512 KiB under a 1 MiB limit: %v", err)
+	// Up to the limit exactly still works; one byte more pins one page
+	// too many.
+	if err := unix.Truncate(d.path("g"), 512<<10); err != nil {
+		t.Errorf("512 KiB beside 512 KiB under a 1 MiB limit: %v", err)
 	}
+	wantErrno(t, unix.Truncate(d.path("g"), 512<<10+1), unix.ENOSPC, "one byte (a page) past max_pinned")
+	requireRegistered(t, d.path("g"), 512<<10)
 }
 
 // TestSoftMaxMREINVAL: the device's max_mr exhausted: the registration fails
