@@ -11,6 +11,7 @@ import (
 
 	"mrfs/buffer"
 	"mrfs/internal/sysmem"
+	"mrfs/store"
 	"mrfs/verbs"
 	"mrfs/verbs/soft"
 )
@@ -241,4 +242,17 @@ func TestEvents(t *testing.T) {
 	if ev.regs != 2 || ev.regBytes != 3*page || ev.deres != 2 || ev.hits() != "max_buffers" {
 		t.Fatalf("events: %d registrations of %d bytes, %d deregistrations, limits %q", ev.regs, ev.regBytes, ev.deres, ev.hits())
 	}
+}
+
+// The budget is exact to the page: on memfds (no store of its own to
+// catch it) the manager's count alone admits up to max_pinned and refuses
+// one page more.
+func TestMaxPinnedExact(t *testing.T) {
+	e := setup(t, buffer.Options{MaxPinned: 4 * page, Store: store.NewMemfd()}, 0)
+	e.create(t, 3*page)
+	b := e.create(t, page)
+	errnoIs(t, b.Resize(page+1), syscall.ENOSPC)
+	check(t, e, b, page, buffer.Registered)
+	_, err := e.m.Create(e.d, 1, 0)
+	errnoIs(t, err, syscall.ENOSPC)
 }

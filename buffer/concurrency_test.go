@@ -39,6 +39,8 @@ func TestConcurrency(t *testing.T) {
 		t.Error(err)
 	}
 	const workers, rounds = 8, 150
+	var mu sync.Mutex
+	live := append([]*buffer.Buffer{}, shared...) // guarded by mu until wg.Wait
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -116,15 +118,45 @@ func TestConcurrency(t *testing.T) {
 					ok(b.Sync())
 				}
 			}
+			mu.Lock()
+			live = append(live, own...)
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	checkTotals(t, e, live, len(domains))
 
 	if _, err := e.m.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if mrs, pds := e.dev.counts(); mrs != 0 || pds != 0 {
 		t.Fatalf("%d regions, %d PDs left", mrs, pds)
+	}
+}
+
+// checkTotals wants the manager's totals and region count, and the
+// regions and PDs the device holds, to be what the live buffers bufs and
+// the pds domains add up to; and every buffer consistent (check).
+func checkTotals(t *testing.T, e *env, bufs []*buffer.Buffer, pds int) {
+	t.Helper()
+	var reg, pinned uint64
+	regions := 0
+	for _, b := range bufs {
+		in := b.Info()
+		if in.State == buffer.Registered {
+			reg += in.Size
+			pinned += buffer.PageRound(in.Size)
+			regions++
+		}
+		check(t, e, b, in.Size, in.State)
+	}
+	st := e.m.Stats()
+	if st.RegisteredBytes != reg || st.PinnedBytes != pinned || st.Buffers != len(bufs) || st.PDs != pds || e.m.Regions() != regions {
+		t.Fatalf("Stats %+v regions %d; the buffers hold %d bytes, %d pinned, %d regions in %d buffers and %d PDs",
+			st, e.m.Regions(), reg, pinned, regions, len(bufs), pds)
+	}
+	if mrs, devPDs := e.dev.counts(); mrs != regions || devPDs != pds {
+		t.Fatalf("the device holds %d regions and %d PDs; the buffers %d and %d", mrs, devPDs, regions, pds)
 	}
 }
 
@@ -159,24 +191,7 @@ func TestConcurrentTotals(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	var reg, pinned uint64
-	regions := 0
-	for _, b := range all {
-		in := b.Info()
-		if in.State == buffer.Registered {
-			reg += in.Size
-			pinned += buffer.PageRound(in.Size)
-			regions++
-		}
-		check(t, e, b, in.Size, in.State)
-	}
-	st := e.m.Stats()
-	if st.RegisteredBytes != reg || st.PinnedBytes != pinned || st.Buffers != len(all) || e.m.Regions() != regions {
-		t.Fatalf("Stats %+v regions %d; buffers hold %d bytes, %d pinned, %d regions", st, e.m.Regions(), reg, pinned, regions)
-	}
-	if mrs, _ := e.dev.counts(); mrs != regions {
-		t.Fatalf("device holds %d regions, buffers %d", mrs, regions)
-	}
+	checkTotals(t, e, all, 1)
 }
 
 // TestCloseRacesCreate closes the manager while buffers are being created

@@ -44,6 +44,9 @@ type daemonConfig struct {
 	// Wrapper is a command prefix such as prlimit/setpriv; each must exec
 	// the next so the daemon keeps the pid we started.
 	Wrapper []string
+	// Env are KEY=value settings added to the daemon's environment (test
+	// hooks such as MRFS_TEST_PAUSE_AFTER_TEARDOWN).
+	Env []string
 	// MountedIsReady: return as soon as the mount is in mountinfo, without
 	// waiting for the root to answer (for signals sent at that moment).
 	MountedIsReady bool
@@ -98,6 +101,7 @@ func startDaemon(t testing.TB, cfg daemonConfig) *daemon {
 		d.hang = hangTimeout
 	}
 	d.cmd = exec.Command(args[0], args[1:]...)
+	d.cmd.Env = append(os.Environ(), cfg.Env...)
 	d.cmd.Stdout = d.stderr
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,9 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var teardownLogRe = regexp.MustCompile(`(?i)(unmount|teardown|tear down|shut ?down|deregist|stopp|exit)`)
-
 // populate creates registered buffers in the root and a sub-PD.
+// Afterwards the daemon holds populatedFreed: what its teardown must free.
 func populate(t *testing.T, d *daemon) {
 	t.Helper()
 	makeBuffer(t, d.path("a"), 1<<20)
@@ -29,6 +29,25 @@ func populate(t *testing.T, d *daemon) {
 	makeBuffer(t, d.path("empty"), 0)
 	mustSh(t, "echo hello > "+d.path("tenant", "msg"))
 }
+
+// populatedFreed is what the teardown of a populated mount frees, as its
+// log lines say it: three regions (the empty file has none) of 1 MiB,
+// 256 KiB and one page, in two PDs.
+var populatedFreed = fmt.Sprintf("deregistered_regions=3 deallocated_pds=2 unpinned_bytes=%d", 1<<20+256<<10+pageSize)
+
+// requireFreedLog wants a log line matching re that reports populatedFreed.
+func requireFreedLog(t *testing.T, d *daemon, re *regexp.Regexp) {
+	t.Helper()
+	line, ok := d.waitLog(re, stopTimeout)
+	if !ok {
+		t.Fatalf("no log line matching %q; log:\n%s", re, tail(d.stderr.String(), 20))
+	}
+	if !strings.Contains(line, populatedFreed) {
+		t.Errorf("log line %q does not report what the teardown freed: %s", line, populatedFreed)
+	}
+}
+
+var teardownCompleteRe = regexp.MustCompile(`msg="teardown complete"`)
 
 // TestSIGINTTeardown: with registered buffers (pinned while running), SIGINT
 // makes the daemon tear down, unmount and exit 0.
@@ -55,7 +74,6 @@ func testSignalTeardown(t *testing.T, sig syscall.Signal) {
 	if lck <= 0 || lck*1024 < s.PinnedBytes {
 		t.Errorf("daemon VmLck = %d kB while %d bytes are pinned; the soft backend pins with mlock", lck, s.PinnedBytes)
 	}
-	logBefore := len(d.stderr.String())
 
 	if code := d.stop(sig); code != 0 {
 		t.Errorf("exit status after %v = %d, want 0 (%v)", sig, code, d.waitErr)
@@ -71,10 +89,36 @@ func testSignalTeardown(t *testing.T, sig syscall.Signal) {
 	if err != nil || len(ents) != 0 {
 		t.Errorf("mountpoint after exit: %v entries, err %v", len(ents), err)
 	}
-	logAfter := d.stderr.String()[logBefore:]
-	if !teardownLogRe.MatchString(logAfter) {
-		t.Errorf("daemon logged nothing about the teardown after %v; log after the signal:\n%s", sig, logAfter)
+	requireFreedLog(t, d, teardownCompleteRe)
+}
+
+// TestTeardownFreesWhileAlive: the teardown itself deregisters every
+// region and deallocates every PD, before the device closes (which
+// would release them anyway) and before the exit. The test hook
+// MRFS_TEST_PAUSE_AFTER_TEARDOWN holds the daemon at that point: it
+// locks no page any more and reports what it freed.
+func TestTeardownFreesWhileAlive(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Env: []string{"MRFS_TEST_PAUSE_AFTER_TEARDOWN=1"}})
+	populate(t, d)
+	pid := d.pid()
+	if lck := procStatusKB(t, pid, "VmLck"); lck*1024 < 1<<20+256<<10 {
+		t.Fatalf("daemon VmLck = %d kB with 1.25 MiB registered; the soft backend pins with mlock", lck)
 	}
+	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	requireFreedLog(t, d, regexp.MustCompile(`msg="paused after teardown`))
+	if d.exited() {
+		t.Fatal("the daemon exited instead of pausing after its teardown")
+	}
+	if lck := procStatusKB(t, pid, "VmLck"); lck != 0 {
+		t.Errorf("daemon VmLck = %d kB after its teardown, want 0: regions left registered", lck)
+	}
+	if code := d.stop(syscall.SIGINT); code != 0 {
+		t.Errorf("exit status after the pause = %d, want 0 (%v)", code, d.waitErr)
+	}
+	requireFreedLog(t, d, teardownCompleteRe)
 }
 
 // TestSIGKILLThenUmount: a killed daemon leaves a dead mount; `mrfs umount`

@@ -31,9 +31,8 @@ func TestMaxBuffersENOSPC(t *testing.T) {
 		t.Errorf("touch past max_buffers: %v, %q; want No space left on device", err, errOut)
 	}
 	before.requireSame(t, takeSnapshot(t, d.mnt, d.path("a"), d.path("b")), "refused creates")
-	ents, _ := os.ReadDir(d.mnt)
-	if len(ents) != 2 {
-		t.Errorf("readdir has %d entries, want 2", len(ents))
+	if ents, err := os.ReadDir(d.mnt); err != nil || len(ents) != 2 {
+		t.Errorf("readdir: %d entries, %v; want 2", len(ents), err)
 	}
 	if line, ok := d.waitLog(regexp.MustCompile(`max_buffers`), 2*time.Second); !ok {
 		t.Errorf("daemon did not log which limit was hit (no line mentioning max_buffers)")
@@ -86,10 +85,13 @@ func TestMaxPinnedENOSPC(t *testing.T) {
 	if _, ok := d.waitLog(regexp.MustCompile(`max_pinned`), 2*time.Second); !ok {
 		t.Errorf("daemon did not log which limit was hit (no line mentioning max_pinned)")
 	}
-	// Within the limit still works.
-	if err := unix.Truncate(d.path("g"), 256<<10); err != nil {
-		t.Errorf("256 KiB beside 512 KiB under a 1 MiB limit: %v", err)
+	// Up to the limit exactly still works; one byte more pins one page
+	// too many.
+	if err := unix.Truncate(d.path("g"), 512<<10); err != nil {
+		t.Errorf("512 KiB beside 512 KiB under a 1 MiB limit: %v", err)
 	}
+	wantErrno(t, unix.Truncate(d.path("g"), 512<<10+1), unix.ENOSPC, "one byte (a page) past max_pinned")
+	requireRegistered(t, d.path("g"), 512<<10)
 }
 
 // TestSoftMaxMREINVAL: the device's max_mr exhausted: the registration fails

@@ -36,7 +36,14 @@ const allRemote = "local_write,remote_write,remote_read,remote_atomic"
 // startRemote mounts with remote access on and returns the peer address.
 func startRemote(t *testing.T) (*daemon, string) {
 	t.Helper()
-	d := startDaemon(t, daemonConfig{Remote: remoteConfig})
+	return startRemoteConf(t, remoteConfig)
+}
+
+// startRemoteConf is startRemote with another [remote] table, which must
+// listen on 127.0.0.1:0.
+func startRemoteConf(t *testing.T, conf string) (*daemon, string) {
+	t.Helper()
+	d := startDaemon(t, daemonConfig{Remote: conf})
 	v := mustXattr(t, d.mnt, xRemote)
 	f := strings.SplitN(v, " ", 3)
 	if len(f) != 3 || f[0] != "tcp" || f[2] != "/" || !strings.HasPrefix(f[1], "127.0.0.1:") || strings.HasSuffix(f[1], ":0") {
@@ -285,28 +292,32 @@ func TestRemoteConcurrentPDs(t *testing.T) {
 }
 
 // Hostile peers end only their own connection; a good peer keeps working
-// and the daemon keeps serving.
+// and the daemon keeps serving. Each hostile peer also sends a WRITE, to
+// bytes the good peer never writes: a daemon that accepted what it must
+// refuse would execute it, and those bytes must never change.
 func TestRemoteHostilePeers(t *testing.T) {
 	d, peer := startRemote(t)
 	f := d.path("buf")
 	addr, key := remoteBuf(t, f, 4096, allRemote)
+	const evilOff = 2048
 	good := dialPD(t, peer, "/")
 	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/"})
-	badVersion, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: 2, Path: "/"})
-	write, _ := proto.Append(nil, proto.Frame{Type: proto.TypeWrite, IOVA: addr, RKey: key, Data: []byte("evil")})
+	badVersion, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version + 1, Path: "/"})
+	write, _ := proto.Append(nil, proto.Frame{Type: proto.TypeWrite, IOVA: addr + evilOff, RKey: key, Data: []byte("evil")})
 	huge := append([]byte{byte(proto.TypeWrite), 0, 0, 0, 0xff, 0xff, 0xff, 0xf0}, make([]byte, 8)...)
 	unknown := append([]byte{0x66, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 8)...)
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 	for _, c := range []struct {
 		name    string
 		send    []byte
 		trickle []byte // sent one byte per 200ms after send
 	}{
-		{"garbage instead of a hello", []byte("\x00\x01\x02 not mrfs at all"), nil},
-		{"bad version", badVersion, nil},
-		{"truncated frame", append(append([]byte{}, hello...), write[:len(write)-3]...), nil},
-		{"oversized length", append(append([]byte{}, hello...), huge...), nil},
-		{"unknown op", append(append([]byte{}, hello...), unknown...), nil},
-		{"slowloris hello", nil, hello},
+		{"garbage instead of a hello", cat([]byte("\x00\x01\x02 not mrfs at all"), write), nil},
+		{"bad version", cat(badVersion, write), nil},
+		{"truncated frame", cat(hello, write[:len(write)-3]), nil},
+		{"oversized length", cat(hello, huge, write), nil},
+		{"unknown op", cat(hello, unknown, write), nil},
+		{"slowloris hello", nil, cat(hello, write)},
 		{"slowloris frame", hello, write},
 	} {
 		nc, err := net.Dial("tcp", peer)
@@ -340,9 +351,16 @@ func TestRemoteHostilePeers(t *testing.T) {
 		if err := good.Write(addr, key, []byte("good")); err != nil {
 			t.Fatalf("after %s: the good peer failed: %v", c.name, err)
 		}
-	}
-	if b, _ := os.ReadFile(f); !bytes.HasPrefix(b, []byte("good")) {
-		t.Errorf("buffer = %q, want the good peer's bytes", b[:8])
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(b, []byte("good")) {
+			t.Errorf("after %s: buffer = %q, want the good peer's bytes", c.name, b[:8])
+		}
+		if !bytes.Equal(b[evilOff:evilOff+4], make([]byte, 4)) {
+			t.Fatalf("after %s: the hostile peer's WRITE landed: %q at %d", c.name, b[evilOff:evilOff+4], evilOff)
+		}
 	}
 	if d.exited() {
 		t.Fatal("the daemon exited")

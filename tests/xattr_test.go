@@ -342,15 +342,23 @@ func TestStatsJSON(t *testing.T) {
 	}
 }
 
-// TestStatsLimitsFromConfig: configured limits show in stats.
+// TestStatsLimitsFromConfig: configured limits show in stats. The
+// daemon runs under RLIMIT_MEMLOCK 1 MiB but keeps root's CAP_IPC_LOCK,
+// with which the kernel lets it pin past that limit: memlock is 0, no
+// limit (TestMemlockENOMEM drops the capability and sees 1 MiB).
 func TestStatsLimitsFromConfig(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{
 		Verbs:   "soft_max_mr = 9",
 		Buffers: "max_buffers = 7\nmax_pinned = \"3MiB\"\nmax_pinned_per_user = \"1MiB\"",
+		Wrapper: []string{"prlimit", "--memlock=1048576:1048576"},
 	})
+	capEff := procStatusField(t, d.pid(), "CapEff")
+	if caps, err := strconv.ParseUint(capEff, 16, 64); err != nil || caps&(1<<unix.CAP_IPC_LOCK) == 0 {
+		t.Fatalf("test setup: the daemon (CapEff %s) lacks root's CAP_IPC_LOCK", capEff)
+	}
 	s := readStats(t, d.mnt)
-	want := statsLimits{MaxBuffers: 7, MaxPinned: 3 << 20, MaxPinnedPerUser: 1 << 20, MaxMR: 9, Memlock: s.Limits.Memlock, OpenFiles: s.Limits.OpenFiles}
+	want := statsLimits{MaxBuffers: 7, MaxPinned: 3 << 20, MaxPinnedPerUser: 1 << 20, MaxMR: 9, Memlock: 0, OpenFiles: s.Limits.OpenFiles}
 	if s.Limits != want {
 		t.Errorf("limits = %+v, want %+v", s.Limits, want)
 	}

@@ -147,6 +147,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("deregister: %w", err))
 	}
+	pauseAfterTeardown(sigs, freed, log)
 	if err := dev.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close device %s: %w", dev.Name(), err))
 	}
@@ -164,9 +165,29 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("teardown: %w", err)
 	}
-	log.Info("teardown complete", "deregistered_regions", freed.Regions, "deallocated_pds", freed.PDs,
-		"unpinned_bytes", freed.UnpinnedBytes)
+	log.Info("teardown complete", freedAttrs(freed)...)
 	return nil
+}
+
+// freedAttrs are the log attributes of what Manager.Close freed.
+func freedAttrs(f buffer.Freed) []any {
+	return []any{"deregistered_regions", f.Regions, "deallocated_pds", f.PDs, "unpinned_bytes", f.UnpinnedBytes}
+}
+
+// pauseEnv names a test hook. Set to 1, the daemon stops between the
+// buffers' teardown and the device's close: it logs "paused after
+// teardown" and waits for another SIGINT or SIGTERM. Tests then look at
+// what the kernel still holds for the live daemon; after the device's
+// close, or the exit, the kernel would have released whatever mrfs left
+// registered, and that would hide the leak.
+const pauseEnv = "MRFS_TEST_PAUSE_AFTER_TEARDOWN"
+
+func pauseAfterTeardown(sigs <-chan os.Signal, freed buffer.Freed, log *slog.Logger) {
+	if os.Getenv(pauseEnv) != "1" {
+		return
+	}
+	log.Info("paused after teardown; send SIGINT or SIGTERM to go on", append([]any{"hook", pauseEnv}, freedAttrs(freed)...)...)
+	<-sigs
 }
 
 func newLogger(cfg config.Log, w io.Writer) *slog.Logger {

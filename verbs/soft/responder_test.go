@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/verbs"
+	"mrfs/verbs/verbstest"
 )
 
 // mapAnon returns n bytes of anonymous shared memory (never the Go heap),
@@ -133,6 +134,52 @@ func TestResponderChecks(t *testing.T) {
 		}
 		if !bytes.Equal(mem, snapshot) {
 			t.Errorf("%s: memory changed", c.name)
+		}
+	}
+}
+
+// TestResponderAccessMatrix: for every combination of access flags the
+// kernel accepts, each operation succeeds exactly when the region has
+// the one flag it needs (local_write plays no part) and then does what
+// it says; a refused one changes no byte.
+func TestResponderAccessMatrix(t *testing.T) {
+	_, p := open(t, Options{})
+	r := responderOf(t, p)
+	const off = verbstest.MatrixOff
+	for _, a := range verbstest.ValidAccess {
+		for _, op := range verbstest.Ops {
+			t.Run(verbstest.AccessName(a)+"/"+op.Name, func(t *testing.T) {
+				mem := mapAnon(t, int(pageSize))
+				mr := reg(t, p, addrOf(mem), uint64(len(mem)), a)
+				before := verbstest.MatrixBuffer(len(mem))
+				copy(mem, before)
+				iova, key, word := mr.IOVA()+off, mr.RKey(), verbstest.Word(before)
+				var st verbs.WCStatus
+				old := word
+				switch op.Name {
+				case "READ":
+					got := make([]byte, 8)
+					if st = r.Read(got, iova, key); st == verbs.WCSuccess && !bytes.Equal(got, before[off:off+8]) {
+						t.Errorf("READ returned %x, memory holds %x", got, before[off:off+8])
+					}
+				case "WRITE":
+					st = r.Write(iova, key, verbstest.MatrixData)
+				case "CAS":
+					old, st = r.CompareSwap(iova, key, word, verbstest.MatrixSwap)
+				case "FADD":
+					old, st = r.FetchAdd(iova, key, verbstest.MatrixAdd)
+				}
+				want, wantSt := before, verbs.WCRemAccessErr
+				if a&op.Need != 0 {
+					want, wantSt = op.Apply(before), verbs.WCSuccess
+				}
+				if st != wantSt || st == verbs.WCSuccess && old != word {
+					t.Errorf("%s on a region with access %q: %v (old word %d), want %v (old word %d)", op.Name, verbstest.AccessName(a), st, old, wantSt, word)
+				}
+				if !bytes.Equal(mem, want) {
+					t.Errorf("%s on a region with access %q: memory is not what it should be", op.Name, verbstest.AccessName(a))
+				}
+			})
 		}
 	}
 }

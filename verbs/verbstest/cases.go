@@ -202,13 +202,16 @@ func testRegUnaligned(t *testing.T, e *env) {
 	}
 }
 
-// Access 0 (local read only) and remote_read alone are valid, as is every
-// flag the device lists (with local_write), except the two that change
-// what a registration means.
+// Every combination of ValidAccess is valid (0 is local read only), as
+// is every flag the device lists (with local_write), except the two that
+// change what a registration means.
 func testAccessValid(t *testing.T, e *env) {
 	e.open()
 	addr, _ := Map(t, page)
-	for _, a := range []verbs.Access{0, verbs.RemoteRead, verbs.LocalWrite} {
+	for _, a := range ValidAccess {
+		if e.attr.Access&a != a {
+			continue // remote_atomic is optional
+		}
 		if err := e.reg(e.pd, addr, uint64(page), a).Dereg(); err != nil {
 			t.Errorf("Dereg: %v", err)
 		}
@@ -228,13 +231,7 @@ func testAccessValid(t *testing.T, e *env) {
 func testAccessInvalid(t *testing.T, e *env) {
 	e.open()
 	addr, _ := Map(t, page)
-	for _, a := range []verbs.Access{
-		verbs.RemoteWrite,
-		verbs.RemoteAtomic,
-		verbs.RemoteWrite | verbs.RemoteRead,
-		verbs.LocalWrite | 1<<12,
-		verbs.LocalWrite | 1<<31,
-	} {
+	for _, a := range append([]verbs.Access{verbs.LocalWrite | 1<<12, verbs.LocalWrite | 1<<31}, InvalidAccess...) {
 		t.Run(a.String(), func(t *testing.T) {
 			e.regErr(e.pd, addr, uint64(page), a, syscall.EINVAL)
 		})
@@ -396,41 +393,53 @@ func testMaxMR(t *testing.T, e *env) {
 	e.regErr(e.pd, addr, uint64(page), 0, syscall.EINVAL)
 }
 
-// Verbs calls are thread-safe; concurrent registrations get distinct keys.
+// Verbs calls are thread-safe; regions registered concurrently get
+// distinct keys. Every round holds all its regions live at once, so that
+// a key given twice is caught whichever region got it first; then all
+// are deregistered concurrently, and the next round registers again.
 func testConcurrent(t *testing.T, e *env) {
 	e.open()
-	const rounds = 50
-	workers := min(8, e.attr.MaxMR)
-	addr, _ := Map(t, workers*page)
-	var mu sync.Mutex
-	live := map[uint32]bool{}
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for range rounds {
-				mr, err := e.pd.RegMR(addr+uintptr(w*page), uint64(page), verbs.LocalWrite|verbs.RemoteRead)
-				if err != nil {
-					t.Errorf("RegMR: %v", err)
-					return
+	const rounds = 3
+	live := min(64, e.attr.MaxMR)
+	workers := min(8, live)
+	per := live / workers
+	addr, _ := Map(t, workers*per*page)
+	for round := range rounds {
+		var mu sync.Mutex // guards lkeys, rkeys, mrs
+		lkeys, rkeys := map[uint32]int{}, map[uint32]int{}
+		var mrs []verbs.MR
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := range per {
+					n := w*per + i
+					// remote_read: a remote key even where rkey 0 means none.
+					mr, err := e.pd.RegMR(addr+uintptr(n*page), uint64(page), verbs.LocalWrite|verbs.RemoteRead)
+					if err != nil {
+						t.Errorf("round %d: RegMR: %v", round, err)
+						return
+					}
+					mu.Lock()
+					mrs = append(mrs, mr)
+					if o, ok := lkeys[mr.LKey()]; ok {
+						t.Errorf("round %d: lkey 0x%x given to regions %d and %d, both live", round, mr.LKey(), o, n)
+					}
+					if o, ok := rkeys[mr.RKey()]; ok {
+						t.Errorf("round %d: rkey 0x%x given to regions %d and %d, both live", round, mr.RKey(), o, n)
+					}
+					lkeys[mr.LKey()], rkeys[mr.RKey()] = n, n
+					mu.Unlock()
 				}
-				k := mr.RKey()
-				mu.Lock()
-				if live[k] {
-					t.Errorf("rkey 0x%x given to two live regions", k)
-				}
-				live[k] = true
-				mu.Unlock()
-				// Forget the key while it is still registered, so no
-				// other region can have taken it yet.
-				mu.Lock()
-				delete(live, k)
-				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		for _, mr := range mrs {
+			wg.Go(func() {
 				if err := mr.Dereg(); err != nil {
-					t.Errorf("Dereg: %v", err)
-					return
+					t.Errorf("round %d: Dereg: %v", round, err)
 				}
-			}
-		})
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 }
