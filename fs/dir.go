@@ -46,6 +46,12 @@ func newDirNode(fsys *filesystem, d *tree.Dir) *dirNode {
 // the parent on every create and unlink (default_permissions checks).
 const dirAttrTimeout = time.Second
 
+// entryTimeout is how long the kernel may trust a name, and the absence
+// of one: names change only through this mount's own requests, which the
+// kernel sees, so a cached name is never wrong. It saves the LOOKUP
+// before a create (the name was absent) and before an unlink.
+const entryTimeout = time.Minute
+
 func (n *dirNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	n.fillDirAttr(&out.Attr)
 	out.SetTimeout(dirAttrTimeout)
@@ -89,6 +95,7 @@ func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	case *dirNode:
 		c.fillDirAttr(&out.Attr)
 		out.SetAttrTimeout(dirAttrTimeout)
+		out.SetEntryTimeout(entryTimeout)
 	}
 	return inode(c), 0
 }
@@ -139,6 +146,7 @@ func (n *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	in := n.NewPersistentInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFDIR})
 	child.fillDirAttr(&out.Attr)
 	out.SetAttrTimeout(dirAttrTimeout)
+	out.SetEntryTimeout(entryTimeout)
 	n.fsys.log.Debug("pd allocated", "dir", name, "pd", sub.Domain().PD())
 	return in, 0
 }

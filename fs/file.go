@@ -105,9 +105,10 @@ func (n *bufferNode) fillAttr(out *fuse.Attr) {
 
 func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
 	n.fillAttr(&out.Attr)
-	// Timeouts stay 0 so stat always shows the memfd's current size.
+	// The attribute timeout stays 0 so stat always shows the file's
+	// current size; the name may be cached (entryTimeout).
 	out.SetAttrTimeout(0)
-	out.SetEntryTimeout(0)
+	out.SetEntryTimeout(entryTimeout)
 }
 
 func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {

@@ -39,11 +39,13 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	}
 	fsys := &filesystem{Options: opt, mgr: opt.Tree.Manager(), log: opt.Log}
 	root := newDirNode(fsys, opt.Tree.Root())
+	negative := entryTimeout
 	options := &fusefs.Options{
 		// Modes are shown exactly: 0000 is 0000 (key secrecy).
 		NullPermissions: true,
-		// Attribute and entry timeouts stay unset (0): sizes change
-		// behind the kernel's back (writes past EOF via passthrough).
+		// A name that is not there stays absent until this mount makes it.
+		NegativeTimeout: &negative,
+		// Attribute timeouts of files stay 0 (each reply sets its own).
 		MountOptions: fuse.MountOptions{
 			FsName:      "mrfs",
 			Name:        "mrfs",
