@@ -68,6 +68,10 @@ type desc struct {
 	// Generation grows at every registration of the buffer, so a peer
 	// never takes a new region for an old one.
 	Generation uint64 `json:"generation"`
+	// PD and State are user.mrfs.pd and user.mrfs.state: with them desc is
+	// all `mrfs status` reads of a registered file.
+	PD    uint32 `json:"pd"`
+	State string `json:"state"`
 }
 
 // fileXattr returns the value of a file attribute. Keys, address and desc
@@ -116,6 +120,8 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 			Access:     info.Access.Names(),
 			PageSize:   n.buf.PageSize(),
 			Generation: info.Generation,
+			PD:         info.PD,
+			State:      stateString(info),
 		})
 		return b, 0
 	default:

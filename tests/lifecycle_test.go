@@ -192,14 +192,22 @@ func TestStatusTable(t *testing.T) {
 	makeBuffer(t, d.path("tenant", "beta.buf"), 64<<10)
 	makeBuffer(t, d.path("gamma.empty"), 0)
 	out := mustRun(t, "mrfs", "status", d.mnt)
+	// Every row in full: PATH PD LENGTH STATE LKEY RKEY ADDR ACCESS.
+	row := func(p, rel string) string {
+		return strings.Join([]string{rel, mustXattr(t, p, xPD), mustXattr(t, p, xLength), mustXattr(t, p, xState),
+			mustXattr(t, p, xLkey), mustXattr(t, p, xRkey), mustXattr(t, p, xAddr), mustXattr(t, p, xAccess)}, " ")
+	}
+	lines := map[string]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		lines[strings.Join(strings.Fields(l), " ")] = true
+	}
 	for _, want := range []string{
-		"alpha.buf", "beta.buf", "gamma.empty",
-		mustXattr(t, d.path("alpha.buf"), xRkey),
-		mustXattr(t, d.path("tenant", "beta.buf"), xRkey),
-		"local_write,remote_read",
+		row(d.path("alpha.buf"), "alpha.buf"),
+		row(d.path("tenant", "beta.buf"), "tenant/beta.buf"),
+		strings.Join([]string{"gamma.empty", mustXattr(t, d.path("gamma.empty"), xPD), "0", "empty", "-", "-", "-", "local_write"}, " "),
 	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("mrfs status lacks %q:\n%s", want, out)
+		if !lines[want] {
+			t.Errorf("mrfs status lacks the row %q:\n%s", want, out)
 		}
 	}
 	_, _, err := run(t, mrfsBin, "status", t.TempDir())

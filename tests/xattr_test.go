@@ -79,6 +79,20 @@ func TestFileXattrFormats(t *testing.T) {
 	} else if len(acc) != 1 || acc[0] != "local_write" {
 		t.Errorf("desc access = %v, want [local_write]", acc)
 	}
+	// Numbers: the PD (as user.mrfs.pd), the page size, the generation;
+	// and the state as user.mrfs.state.
+	if pd, ok := desc["pd"].(float64); !ok || strconv.FormatFloat(pd, 'f', -1, 64) != v[xPD] {
+		t.Errorf("desc pd = %#v, want %s", desc["pd"], v[xPD])
+	}
+	if st, ok := desc["state"].(string); !ok || st != v[xState] {
+		t.Errorf("desc state = %#v, want %q", desc["state"], v[xState])
+	}
+	if ps, ok := desc["page_size"].(float64); !ok || ps != float64(pageSize) && ps != 2<<20 {
+		t.Errorf("desc page_size = %#v, want %d or 2 MiB", desc["page_size"], pageSize)
+	}
+	if g, ok := desc["generation"].(float64); !ok || g < 1 {
+		t.Errorf("desc generation = %#v, want a number of registrations", desc["generation"])
+	}
 
 	names, err := listxattr(f)
 	if err != nil {

@@ -75,15 +75,7 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		if strings.ContainsFunc(rel, unicode.IsControl) {
 			rel = strconv.Quote(rel) // keep one line per buffer
 		}
-		x := func(name string) string {
-			v, err := getxattr(path, "user.mrfs."+name)
-			if err != nil {
-				return "-"
-			}
-			return string(v)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rel, x("pd"), x("length"),
-			x("state"), x("lkey"), x("rkey"), x("addr"), x("access"))
+		fmt.Fprintf(tw, "%s\t%s\n", rel, strings.Join(bufferRow(path), "\t"))
 		return nil
 	})
 	tw.Flush()
@@ -105,6 +97,38 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "limits: max_buffers %s, max_pinned %s, max_mr %s, RLIMIT_MEMLOCK %s\n",
 		limit(l.MaxBuffers, false), limit(l.MaxPinned, true), limit(l.MaxMR, false), limit(l.Memlock, true))
 	return nil
+}
+
+// fileDesc is the part of user.mrfs.desc status shows.
+type fileDesc struct {
+	PD     uint32   `json:"pd"`
+	Length string   `json:"length"`
+	State  string   `json:"state"`
+	LKey   string   `json:"lkey"`
+	RKey   string   `json:"rkey"`
+	Addr   string   `json:"addr"`
+	Access []string `json:"access"`
+}
+
+// bufferRow is a buffer's PD, length, state, keys, address and access. A
+// registered buffer's desc holds them all (one getxattr: a request to the
+// daemon); one without a registration has no desc, and its few
+// attributes are read one by one.
+func bufferRow(path string) []string {
+	if raw, err := getxattr(path, "user.mrfs.desc"); err == nil {
+		var d fileDesc
+		if json.Unmarshal(raw, &d) == nil {
+			return []string{strconv.FormatUint(uint64(d.PD), 10), d.Length, d.State, d.LKey, d.RKey, d.Addr, strings.Join(d.Access, ",")}
+		}
+	}
+	x := func(name string) string {
+		v, err := getxattr(path, "user.mrfs."+name)
+		if err != nil {
+			return "-"
+		}
+		return string(v)
+	}
+	return []string{x("pd"), x("length"), x("state"), "-", "-", "-", x("access")}
 }
 
 func plural(n int, noun string) string {
