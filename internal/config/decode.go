@@ -41,6 +41,7 @@ type file struct {
 	Log struct {
 		Level  levelName `toml:"level"`
 		Format string    `toml:"format"`
+		Output string    `toml:"output"`
 	} `toml:"log"`
 	Remote struct {
 		Listen         string     `toml:"listen"`
@@ -51,16 +52,17 @@ type file struct {
 	} `toml:"remote"`
 }
 
-func decode(data []byte) (Config, error) {
-	// Pre-fill with the defaults so that absent keys keep them.
-	d := Default()
+func decode(data []byte) (Config, error) { return decodeOnto(Default(), data) }
+
+// decodeOnto decodes data over d: keys absent from data keep d's values.
+func decodeOnto(d Config, data []byte) (Config, error) {
 	var f file
 	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
 	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
 	f.Buffers.DefaultAccess, f.Buffers.AllowedAccess = accessList(d.Buffers.DefaultAccess), accessList(d.Buffers.AllowedAccess)
 	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
 	name, _ := knownLevel(d.Log.Level)
-	f.Log.Level, f.Log.Format = levelName(name), d.Log.Format
+	f.Log.Level, f.Log.Format, f.Log.Output = levelName(name), d.Log.Format, d.Log.Output
 	f.Remote.Listen, f.Remote.AllowFrom, f.Remote.MaxConnections = d.Remote.Listen, d.Remote.AllowFrom, d.Remote.MaxConnections
 	f.Remote.MaxMessageSize, f.Remote.Timeout = d.Remote.MaxMessageSize, duration(d.Remote.Timeout)
 
@@ -82,7 +84,7 @@ func decode(data []byte) (Config, error) {
 			MaxPinned:     f.Buffers.MaxPinned,
 		},
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
-		Log:   Log{Level: level, Format: f.Log.Format},
+		Log:   Log{Level: level, Format: f.Log.Format, Output: f.Log.Output},
 		Remote: Remote{
 			Listen:         f.Remote.Listen,
 			AllowFrom:      f.Remote.AllowFrom,
