@@ -18,6 +18,9 @@ import (
 // MountOptions are the kernel-facing choices of a mount.
 type MountOptions struct {
 	AllowOther bool
+	// FsName is the mount's source in mountinfo; "" is "mrfs". mount(8)
+	// compares it with fstab's source to tell what is mounted already.
+	FsName string
 }
 
 // Server is a mounted mrfs.
@@ -52,11 +55,15 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	owner := &fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}}
 	root := newDirNode(fsys, dom, newMeta(owner, 0o755))
 	root.root = true
+	fsName := mo.FsName
+	if fsName == "" {
+		fsName = "mrfs"
+	}
 	options := &fusefs.Options{
 		// Attribute and entry timeouts stay unset (0): sizes change
 		// behind the kernel's back (writes past EOF via passthrough).
 		MountOptions: fuse.MountOptions{
-			FsName:      "mrfs",
+			FsName:      fsName,
 			Name:        "mrfs",
 			DirectMount: true,
 			AllowOther:  mo.AllowOther,

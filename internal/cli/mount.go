@@ -5,9 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"mrfs/buffer"
@@ -15,17 +15,28 @@ import (
 	"mrfs/internal/config"
 )
 
-func cmdMount(args []string, stderr io.Writer) error {
+func cmdMount(args []string, stderr io.Writer) (err error) {
 	f := flag.NewFlagSet("mount", flag.ContinueOnError)
-	cfgPath := f.String("config", "", "config file (default: built-in defaults)")
-	backend := f.String("backend", "", "verbs backend: auto, rdma or soft (overrides the config)")
-	device := f.String("device", "", "device name (overrides the config)")
+	cfgPath := f.String("config", "", "config `FILE` (default: built-in defaults)")
+	backend := f.String("backend", "", "verbs backend `auto|rdma|soft` (overrides the config)")
+	device := f.String("device", "", "device `NAME` (overrides the config)")
+	opts := f.String("o", "", "mount `OPTIONS`, comma-separated, as mount(8) takes them: config keys (backend=soft,allow_other,buffers.max_pinned=1GiB) and generic ones; see mrfs(8)")
+	daemon := f.Bool("daemon", false, "go to the background once the mount is ready (exit 0), or exit with the error; the log goes to log.output")
+	f.BoolVar(daemon, "d", false, "short for --daemon")
 	pos, err := parse(f, args, 1)
 	if err != nil {
 		return err
 	}
-	dir := pos[0]
+	// Absolute: a daemon in the background works in /.
+	dir, err := filepath.Abs(pos[0])
+	if err != nil {
+		return err
+	}
 	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		return err
+	}
+	fsname, err := applyMountOptions(&cfg, *opts)
 	if err != nil {
 		return err
 	}
@@ -38,7 +49,15 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log := newLogger(cfg.Log, stderr)
+	if *daemon && os.Getenv(readyFDEnv) == "" {
+		return daemonize(append([]string{"mount"}, args...), stderr)
+	}
+	svc, err := newService(cfg.Log, stderr, *daemon)
+	if err != nil {
+		return err
+	}
+	defer func() { svc.close(err) }()
+	log := svc.log
 
 	// Subscribe before anything is pinned or mounted: a signal that comes
 	// while mounting is then handled by the teardown below, instead of
@@ -74,7 +93,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 		DefaultAccess: cfg.Buffers.DefaultAccess,
 		Log:           log,
 		Remote:        remote.Where,
-	}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther})
+	}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: fsname})
 	if err != nil {
 		remote.Close()
 		mgr.Close()
@@ -98,6 +117,8 @@ func cmdMount(args []string, stderr io.Writer) error {
 	var errs []error
 	if err := remote.start(srv.Domain); err != nil {
 		errs = append(errs, err)
+	} else if err := svc.ready(dir); err != nil {
+		errs = append(errs, err)
 	} else {
 		select {
 		case sig := <-sigs:
@@ -106,6 +127,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 			log.Info("unmounted from outside; shutting down")
 		}
 	}
+	svc.stopping()
 
 	// DESIGN.md's order: every region deregistered and every PD
 	// deallocated, the device closed, then the unmount.
@@ -134,12 +156,4 @@ func cmdMount(args []string, stderr io.Writer) error {
 	log.Info("teardown complete", "deregistered_buffers", st.Buffers, "deallocated_pds", st.PDs,
 		"unpinned_bytes", st.PinnedBytes)
 	return nil
-}
-
-func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: cfg.Level}
-	if cfg.Format == config.FormatJSON {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -79,6 +79,13 @@ func (c *Config) Set(key, value string) error {
 	return nil
 }
 
+// IsBool reports whether key takes true or false (so that a mount option
+// may name it alone: allow_other).
+func IsBool(key string) bool {
+	t, ok := keyType(key)
+	return ok && t.Kind() == reflect.Bool
+}
+
 // keyType finds the type of a dotted key in the file's schema.
 func keyType(key string) (reflect.Type, bool) {
 	t := reflect.TypeOf(file{})
