@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // bgMount is a mount whose daemon is in the background (--daemon, or
@@ -159,8 +161,12 @@ func TestDaemonFlag(t *testing.T) {
 		t.Fatalf("mrfs mount --daemon returned 0 before the mount answered: %v", err)
 	}
 	pid := m.pid()
-	if sid, err := unixGetsid(pid); err != nil || sid != pid {
+	if sid, err := unix.Getsid(pid); err != nil || sid != pid {
 		t.Errorf("daemon %d is in session %d (%v), want its own", pid, sid, err)
+	}
+	// Out of the caller's working directory, which may be unmounted.
+	if cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd"); err != nil || cwd != "/" {
+		t.Errorf("daemon %d works in %q (%v), want /", pid, cwd, err)
 	}
 	const n = 64
 	for i := range n {
@@ -178,12 +184,66 @@ func TestDaemonFlag(t *testing.T) {
 	m.requireTornDown(n)
 }
 
-func unixGetsid(pid int) (int, error) {
-	sid, _, errno := syscall.RawSyscall(syscall.SYS_GETSID, uintptr(pid), 0, 0)
-	if errno != 0 {
-		return 0, errno
+// TestDaemonFlagStoppedWhileMounting: SIGTERM to `mrfs mount --daemon`
+// while its child is mounting reaches the child, which tears down: the
+// command is not killed, and nothing stays mounted. The child is held in
+// its mount by a mount point inside a stopped daemon's mount. (Whether
+// the child sees the signal before it would report ready depends on when
+// its blocked thread takes it: the command then fails, "stopped before
+// its mount was ready", or succeeds and the daemon stops at once.)
+func TestDaemonFlagStoppedWhileMounting(t *testing.T) {
+	t.Parallel()
+	outer := startDaemon(t, daemonConfig{})
+	target := outer.path("sub")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	return int(sid), nil
+	m := newBgMount(t, daemonConfig{})
+	if err := outer.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = outer.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	var stderr syncBuffer
+	cmd := exec.Command(mrfsBin, "mount", "--daemon", "--config", m.cfgPath, target)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// The child logs its backend after it subscribed to signals, just
+	// before it looks at the mount point and blocks.
+	m.waitLog(regexp.MustCompile(`msg="verbs backend`))
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	resume()
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(stopTimeout):
+		t.Fatalf("mrfs mount --daemon did not return within %v of SIGTERM", stopTimeout)
+	}
+	switch code := exitCode(err); {
+	case code == 1 && strings.Contains(stderr.String(), "stopped before its mount was ready"):
+	case code == 0:
+	default:
+		t.Fatalf("mrfs mount --daemon after SIGTERM while mounting: %v (exit %d), stderr %q; want it to pass the signal on", err, code, stderr.String())
+	}
+	m.waitLog(regexp.MustCompile(`msg="teardown complete"`))
+	if !strings.Contains(m.log(), `msg="shutting down" signal=terminated`) {
+		t.Errorf("the daemon did not stop on the SIGTERM:\n%s", m.log())
+	}
+	if isMounted(target) {
+		t.Errorf("%s is mounted after the teardown", target)
+	}
 }
 
 // TestDaemonFlagFailures: a failure before the mount is ready comes back

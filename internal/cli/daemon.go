@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -38,20 +40,18 @@ func daemonize(argv []string, stderr io.Writer) error {
 	defer r.Close()
 	// /proc/self/exe is this very binary even if its file was replaced.
 	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: append([]string{os.Args[0]}, argv...)}
-	// The child owns no terminal: systemd or mount(8) talk to this
-	// process, which does not notify systemd for the child.
-	cmd.Env = append(withoutEnv(os.Environ(), "NOTIFY_SOCKET", readyFDEnv), readyFDEnv+"=3")
+	// NOTIFY_SOCKET is this process's: a service manager would refuse
+	// the child's notifications (not its main pid).
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "NOTIFY_SOCKET=") || strings.HasPrefix(kv, readyFDEnv+"=")
+	}), readyFDEnv+"=3")
 	cmd.ExtraFiles = []*os.File{w} // fd 3
 	cmd.Stderr = stderr            // until ready; stdin and stdout are /dev/null
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return fmt.Errorf("daemon: start %s: %w", os.Args[0], err)
-	}
-	w.Close()
 
 	// Ctrl-C or a stop while mounting reaches the child, which tears
-	// down what it has set up.
+	// down what it has set up and does not report ready (the hangup of a
+	// terminal too: the child, in its own session, handles only these).
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	done := make(chan struct{})
@@ -59,10 +59,18 @@ func daemonize(argv []string, stderr io.Writer) error {
 		signal.Stop(sigs)
 		close(done)
 	}()
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("daemon: start %s: %w", os.Args[0], err)
+	}
+	w.Close()
 	go func() {
 		for {
 			select {
 			case s := <-sigs:
+				if s == syscall.SIGHUP {
+					s = syscall.SIGTERM
+				}
 				_ = cmd.Process.Signal(s)
 			case <-done:
 				return
@@ -85,22 +93,6 @@ func daemonize(argv []string, stderr io.Writer) error {
 		return exitStatus(ee.ExitCode())
 	}
 	return fmt.Errorf("daemon: %w before its mount was ready", err)
-}
-
-func withoutEnv(env []string, names ...string) []string {
-	var out []string
-	for _, kv := range env {
-		keep := true
-		for _, n := range names {
-			if len(kv) > len(n) && kv[:len(n)+1] == n+"=" {
-				keep = false
-			}
-		}
-		if keep {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // service is the daemon's side of its supervisor: systemd's
@@ -142,7 +134,18 @@ func newService(cfg config.Log, stderr io.Writer, background bool) (*service, er
 
 // ready is called once the mount is up: it checks that the mount
 // answers (a statfs served by this daemon), then tells whoever waits.
-func (s *service) ready(dir string) error {
+// A stop signal that came while mounting (in sigs) means it is not ready:
+// it is put back for the caller, which tears down.
+func (s *service) ready(dir string, sigs chan os.Signal) error {
+	select {
+	case sig := <-sigs:
+		select {
+		case sigs <- sig:
+		default: // another one is queued
+		}
+		return nil
+	default:
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return fmt.Errorf("the mount at %s does not answer: %w", dir, err)

@@ -11,8 +11,8 @@ import (
 // fuseServers finds the processes serving the FUSE connection of the
 // mount whose device is dev ("0:39" in mountinfo): those holding a
 // /dev/fuse descriptor whose fdinfo says "fuse_connection: N" for that
-// device (kernels that show it: 6.18 does, 6.1 does not; there nothing
-// is found). It returns a pidfd for each, which keeps naming that
+// device. Recent kernels show it (6.18 does); on others nothing is found
+// and nobody is waited for. It returns a pidfd for each, which keeps naming that
 // process after it exits, when its pid may be reused.
 func fuseServers(dev string) []int {
 	major, minor, ok := strings.Cut(dev, ":")

@@ -117,7 +117,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	var errs []error
 	if err := remote.start(srv.Domain); err != nil {
 		errs = append(errs, err)
-	} else if err := svc.ready(dir); err != nil {
+	} else if err := svc.ready(dir, sigs); err != nil {
 		errs = append(errs, err)
 	} else {
 		select {
