@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -148,17 +149,37 @@ func (m *bgMount) requireTornDown(n int) {
 func TestDaemonFlag(t *testing.T) {
 	t.Parallel()
 	m := newBgMount(t, daemonConfig{})
-	// run fails when the pipes stay open past the starter's exit.
-	out, errOut, err := run(t, mrfsBin, "mount", "--daemon", "--config", m.cfgPath, m.mnt)
+	cmd := exec.Command(mrfsBin, "mount", "--daemon", "--config", m.cfgPath, m.mnt)
+	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		t.Fatalf("mrfs mount --daemon: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The command's own exit, as mount(8) waits for it (not its pipes').
+	state, err := cmd.Process.Wait()
+	if err != nil || state.ExitCode() != 0 {
+		t.Fatalf("mrfs mount --daemon: %v, %v", err, state)
 	}
 	// Ready means usable, at once.
 	if !isMounted(m.mnt) {
-		t.Fatalf("mrfs mount --daemon returned 0 before %s was mounted", m.mnt)
+		t.Fatalf("mrfs mount --daemon exited 0 before %s was mounted", m.mnt)
 	}
 	if _, err := getxattr(m.mnt, xStats); err != nil {
-		t.Fatalf("mrfs mount --daemon returned 0 before the mount answered: %v", err)
+		t.Fatalf("mrfs mount --daemon exited 0 before the mount answered: %v", err)
+	}
+	// And the daemon let go of the caller's stderr (a pipe whose reader
+	// would wait for its end, like a shell's $(...)).
+	released := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(stderr); released <- b }()
+	select {
+	case b := <-released:
+		if len(b) > 0 {
+			t.Errorf("mrfs mount --daemon wrote %q", b)
+		}
+	case <-time.After(stopTimeout):
+		t.Errorf("the daemon still holds the caller's stderr")
 	}
 	pid := m.pid()
 	if sid, err := unix.Getsid(pid); err != nil || sid != pid {

@@ -26,6 +26,7 @@ func listenNotify(t *testing.T, addr string) *net.UnixConn {
 
 func recv(t *testing.T, c *net.UnixConn) string {
 	t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second)) // fail, not hang, when nothing comes
 	buf := make([]byte, 4096)
 	n, err := c.Read(buf)
 	if err != nil {
@@ -80,7 +81,10 @@ func TestReadyWithPendingSignal(t *testing.T) {
 	if len(sigs) != 1 {
 		t.Errorf("the pending signal was not left for the teardown")
 	}
-	<-sigs
+	select {
+	case <-sigs:
+	default:
+	}
 	if err := svc.ready(t.TempDir(), sigs); err == nil || !strings.Contains(err.Error(), "not a FUSE mount") {
 		t.Errorf("ready on a plain directory: %v", err)
 	}
