@@ -214,6 +214,14 @@ func TestDaemonFlag(t *testing.T) {
 // its mount was ready", or succeeds and the daemon stops at once.)
 func TestDaemonFlagStoppedWhileMounting(t *testing.T) {
 	t.Parallel()
+	// SIGHUP, a terminal's hangup, reaches the child as SIGTERM: in its
+	// own session it handles only INT and TERM.
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) { testStoppedWhileMounting(t, sig) })
+	}
+}
+
+func testStoppedWhileMounting(t *testing.T, sig syscall.Signal) {
 	outer := startDaemon(t, daemonConfig{})
 	target := outer.path("sub")
 	if err := os.Mkdir(target, 0o755); err != nil {
@@ -242,7 +250,7 @@ func TestDaemonFlagStoppedWhileMounting(t *testing.T) {
 	// The child logs its backend after it subscribed to signals, just
 	// before it looks at the mount point and blocks.
 	m.waitLog(regexp.MustCompile(`msg="verbs backend`))
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	resume()
@@ -250,20 +258,43 @@ func TestDaemonFlagStoppedWhileMounting(t *testing.T) {
 	select {
 	case err = <-exited:
 	case <-time.After(stopTimeout):
-		t.Fatalf("mrfs mount --daemon did not return within %v of SIGTERM", stopTimeout)
+		t.Fatalf("mrfs mount --daemon did not return within %v of %v", stopTimeout, sig)
 	}
 	switch code := exitCode(err); {
 	case code == 1 && strings.Contains(stderr.String(), "stopped before its mount was ready"):
 	case code == 0:
 	default:
-		t.Fatalf("mrfs mount --daemon after SIGTERM while mounting: %v (exit %d), stderr %q; want it to pass the signal on", err, code, stderr.String())
+		t.Fatalf("mrfs mount --daemon after %v while mounting: %v (exit %d), stderr %q; want it to pass the signal on", sig, err, code, stderr.String())
 	}
 	m.waitLog(regexp.MustCompile(`msg="teardown complete"`))
 	if !strings.Contains(m.log(), `msg="shutting down" signal=terminated`) {
-		t.Errorf("the daemon did not stop on the SIGTERM:\n%s", m.log())
+		t.Errorf("the daemon did not stop on the %v as on SIGTERM:\n%s", sig, m.log())
 	}
 	if isMounted(target) {
 		t.Errorf("%s is mounted after the teardown", target)
+	}
+}
+
+// TestMrfsUmountLazyReturns: with --lazy, `mrfs umount` does not wait for
+// the daemon, which serves an open file until it is closed.
+func TestMrfsUmountLazyReturns(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	makeBuffer(t, d.path("held"), 4096)
+	f, err := os.Open(d.path("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if out, errOut, err := run(t, mrfsBin, "umount", "--lazy", d.mnt); err != nil {
+		t.Fatalf("mrfs umount --lazy with a file open: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	if d.exited() {
+		t.Errorf("the daemon exited while a file of its mount was open")
+	}
+	f.Close()
+	if code := d.waitExit(); code != 0 {
+		t.Errorf("daemon exit status once the file was closed = %d, want 0", code)
 	}
 }
 

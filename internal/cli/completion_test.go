@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -26,10 +27,20 @@ func everyFlag(t *testing.T) []flagCase {
 		if len(c.ops) > 0 {
 			words = append(words, c.ops[0])
 		}
-		for _, o := range options(flagsOf(c)) {
+		fs := flagsOf(c)
+		listed := map[string]bool{}
+		for _, o := range options(fs) {
 			for _, n := range o.names {
 				out = append(out, flagCase{words, dashed(n)})
+				listed[n] = true
 			}
+		}
+		if fs != nil {
+			fs.VisitAll(func(f *flag.Flag) {
+				if !listed[f.Name] {
+					t.Errorf("mrfs %s: options() drops --%s", c.name, f.Name)
+				}
+			})
 		}
 	}
 	if len(out) < 15 {
