@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -24,7 +25,8 @@ type command struct {
 }
 
 // commands lists the subcommands in the order usage and the manual show
-// them. (A function, not a variable: man and completion read it.)
+// them. (A function: as a variable it would be an initialization cycle,
+// since man and completion read it.)
 func commands() []command {
 	return []command{
 		{name: "mount", args: "MOUNTPOINT", run: func(a []string, _, e io.Writer) error { return cmdMount(a, e) },
@@ -50,20 +52,11 @@ func commands() []command {
 
 func lookupCommand(name string) *command {
 	for _, c := range commands() {
-		if c.name == name || contains(c.aliases, name) {
+		if c.name == name || slices.Contains(c.aliases, name) {
 			return &c
 		}
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // helpRequest is what parse returns for --help: the command's flags.

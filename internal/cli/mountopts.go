@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"mrfs/internal/config"
@@ -85,7 +86,7 @@ func applyMountOptions(cfg *config.Config, list string) (fsname string, err erro
 	return fsname, nil
 }
 
-func noEffect(name string) bool { return contains(noEffectNames(), name) }
+func noEffect(name string) bool { return slices.Contains(noEffectNames(), name) }
 
 func noEffectNames() []string {
 	var names []string
