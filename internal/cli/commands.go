@@ -95,6 +95,25 @@ func dashed(name string) string {
 	return "--" + name
 }
 
+// dashed gives the option's names as typed.
+func (o option) dashed() []string {
+	var out []string
+	for _, n := range o.names {
+		out = append(out, dashed(n))
+	}
+	return out
+}
+
+// heading is the names joined by sep, and the value's name: -d|--daemon,
+// --config FILE.
+func (o option) heading(sep string) string {
+	s := strings.Join(o.dashed(), sep)
+	if o.value != "" {
+		s += " " + o.value
+	}
+	return s
+}
+
 // options lists a FlagSet's flags, merging aliases, sorted by long name.
 // The value's name is the back-quoted word of the usage (as
 // flag.PrintDefaults reads it), else the flag's name in capitals.
@@ -154,15 +173,7 @@ func synopsis(c command) string {
 		parts = append(parts, strings.Join(c.ops, "|"))
 	}
 	for _, o := range options(flagsOf(c)) {
-		var names []string
-		for _, n := range o.names {
-			names = append(names, dashed(n))
-		}
-		s := strings.Join(names, "|")
-		if o.value != "" {
-			s += " " + o.value
-		}
-		parts = append(parts, "["+s+"]")
+		parts = append(parts, "["+o.heading("|")+"]")
 	}
 	if c.args != "" {
 		parts = append(parts, c.args)
@@ -238,15 +249,7 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 		fmt.Fprintln(w, "\nflags:")
 	}
 	for _, o := range opts {
-		var names []string
-		for _, n := range o.names {
-			names = append(names, dashed(n))
-		}
-		head := strings.Join(names, ", ")
-		if o.value != "" {
-			head += " " + o.value
-		}
-		fmt.Fprint(w, "  "+head+"\n"+wrap(o.usage, "      ", "      ", 80))
+		fmt.Fprint(w, "  "+o.heading(", ")+"\n"+wrap(o.usage, "      ", "      ", 80))
 	}
 }
 

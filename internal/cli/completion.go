@@ -95,14 +95,6 @@ func mountOptionWords() []string {
 	return append(words, noEffectNames()...)
 }
 
-func dashedAll(o option) []string {
-	var out []string
-	for _, n := range o.names {
-		out = append(out, dashed(n))
-	}
-	return out
-}
-
 func bashCompletion(w io.Writer) {
 	cmds := compCommands()
 	var all []string
@@ -131,7 +123,7 @@ _mrfs() {
 				if o.value == "" {
 					continue
 				}
-				pat := strings.Join(dashedAll(o), "|")
+				pat := strings.Join(o.dashed(), "|")
 				switch valueKind(o) {
 				case "choices":
 					fmt.Fprintf(w, "        %s) COMPREPLY=($(compgen -W '%s' -- \"$cur\")); return;;\n", pat, strings.Join(o.choices, " "))
@@ -148,7 +140,7 @@ _mrfs() {
 		}
 		var flags []string
 		for _, o := range c.opts {
-			flags = append(flags, dashedAll(o)...)
+			flags = append(flags, o.dashed()...)
 		}
 		dir, words := c.positional()
 		fmt.Fprintf(w, "        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W '%s' -- \"$cur\"))\n", strings.Join(flags, " "))
@@ -260,7 +252,7 @@ _mrfs() {
 		}
 		var specs []string
 		for _, o := range c.opts {
-			names := dashedAll(o)
+			names := o.dashed()
 			var head string
 			if len(names) > 1 {
 				head = zshQuote("("+strings.Join(names, " ")+")") + "{" + strings.Join(names, ",") + "}"
