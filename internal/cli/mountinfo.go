@@ -12,13 +12,6 @@ import (
 // mrfsFSType is how an mrfs mount appears in /proc/self/mountinfo.
 const mrfsFSType = "fuse.mrfs"
 
-// mountFSType returns the filesystem type of the topmost mount at dir, or
-// "" when dir is not a mount point.
-func mountFSType(dir string) (string, error) {
-	fstype, _, err := mountAt(dir)
-	return fstype, err
-}
-
 // mountAt returns the filesystem type and device ("0:39") of the topmost
 // mount at dir; "" when dir is not a mount point. It reads mountinfo
 // rather than stat-ing dir, which fails with ENOTCONN once the daemon is
