@@ -14,6 +14,9 @@ import (
 // MountOptions are the kernel-facing choices of a mount.
 type MountOptions struct {
 	AllowOther bool
+	// FsName is the mount's source in mountinfo; "" is "mrfs". mount(8)
+	// compares it with fstab's source to tell what is mounted already.
+	FsName string
 }
 
 // Server is a mounted mrfs.
@@ -39,11 +42,15 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	}
 	fsys := &filesystem{Options: opt, mgr: opt.Tree.Manager(), log: opt.Log}
 	root := newDirNode(fsys, opt.Tree.Root())
+	fsName := mo.FsName
+	if fsName == "" {
+		fsName = "mrfs"
+	}
 	options := &fusefs.Options{
 		// Attribute and entry timeouts stay unset (0): sizes change
 		// behind the kernel's back (writes past EOF via passthrough).
 		MountOptions: fuse.MountOptions{
-			FsName:      "mrfs",
+			FsName:      fsName,
 			Name:        "mrfs",
 			DirectMount: true,
 			AllowOther:  mo.AllowOther,
