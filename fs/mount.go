@@ -14,6 +14,9 @@ import (
 // MountOptions are the kernel-facing choices of a mount.
 type MountOptions struct {
 	AllowOther bool
+	// FsName is the mount's source in mountinfo; "" is "mrfs". mount(8)
+	// compares it with fstab's source to tell what is mounted already.
+	FsName string
 }
 
 // Server is a mounted mrfs.
@@ -40,6 +43,10 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	fsys := &filesystem{Options: opt, mgr: opt.Tree.Manager(), log: opt.Log}
 	root := newDirNode(fsys, opt.Tree.Root())
 	negative := entryTimeout
+	fsName := mo.FsName
+	if fsName == "" {
+		fsName = "mrfs"
+	}
 	options := &fusefs.Options{
 		// Modes are shown exactly: 0000 is 0000 (key secrecy).
 		NullPermissions: true,
@@ -47,7 +54,7 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		NegativeTimeout: &negative,
 		// Attribute timeouts of files stay 0 (each reply sets its own).
 		MountOptions: fuse.MountOptions{
-			FsName:      "mrfs",
+			FsName:      fsName,
 			Name:        "mrfs",
 			DirectMount: true,
 			AllowOther:  mo.AllowOther,

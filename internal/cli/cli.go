@@ -1,5 +1,8 @@
 // Package cli is mrfs's command line: mount, umount, status, devices,
-// remote and version, with their flags, logging and signal handling.
+// remote and version, with their flags, logging and signal handling; the
+// mount helper's calling convention (mount -t fuse.mrfs), the daemon's
+// background mode and systemd notification; and the manual and shell
+// completions, generated from the commands' own flag definitions.
 package cli
 
 import (
@@ -20,17 +23,6 @@ const (
 	exitUsage   = 2 // bad usage or configuration
 )
 
-const usage = `usage:
-  mrfs mount [--config FILE] [--backend auto|rdma|soft] [--device NAME] MOUNTPOINT
-  mrfs umount [--lazy] MOUNTPOINT
-  mrfs status MOUNTPOINT
-  mrfs devices [--config FILE] [--backend auto|rdma|soft]
-  mrfs remote read|write|cas|fadd --peer HOST:PORT --pd DIR --addr 0x.. --rkey 0x..
-              [--length N] [--compare X --swap Y] [--add N] [--timeout 10s]
-              [--transport tcp|rdma_cm]
-  mrfs version
-`
-
 // Main runs the command line and returns the exit code.
 func Main(args []string) int {
 	return run(args, os.Stdout, os.Stderr)
@@ -38,42 +30,60 @@ func Main(args []string) int {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return exitUsage
 	}
 	var err error
-	switch args[0] {
-	case "mount":
-		err = cmdMount(args[1:], stderr)
-	case "umount", "unmount":
-		err = cmdUmount(args[1:])
-	case "status":
-		err = cmdStatus(args[1:], stdout)
-	case "devices":
-		err = cmdDevices(args[1:], stdout)
-	case "remote":
-		err = cmdRemote(args[1:], stdout)
-	case "version", "--version":
-		fmt.Fprintln(stdout, "mrfs", version())
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	switch c := lookupCommand(args[0]); {
+	case c != nil:
+		err = c.run(args[1:], stdout, stderr)
+	case isHelperCall(args):
+		err = cmdHelper(args, stderr)
 	default:
 		err = usageError("unknown command %q", args[0])
 	}
-	if err == nil {
+	var help *helpRequest
+	var status exitStatus
+	switch {
+	case err == nil:
 		return exitOK
+	case errors.As(err, &help):
+		printHelp(stdout, help.flags)
+		return exitOK
+	case errors.As(err, &status):
+		return int(status) // reported already (by a daemon's child)
 	}
 	fmt.Fprintln(stderr, "mrfs:", err)
 	var ue *usageErr
 	if errors.As(err, &ue) {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
+	}
+	return exitCode(err)
+}
+
+// exitCode maps an error to the exit status: 2 for bad usage or
+// configuration (a mount option included), 1 for the rest.
+func exitCode(err error) int {
+	var ue *usageErr
+	var oe *mountOptionError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ue), errors.As(err, &oe), errors.Is(err, config.ErrInvalid):
 		return exitUsage
 	}
-	if errors.Is(err, config.ErrInvalid) {
-		return exitUsage
+	var status exitStatus
+	if errors.As(err, &status) {
+		return int(status)
 	}
 	return exitFailure
 }
+
+// exitStatus is an error whose message was printed already: only the
+// status is left to return.
+type exitStatus int
+
+func (s exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(s)) }
 
 type usageErr struct{ msg string }
 
@@ -90,7 +100,9 @@ func parse(fs *flag.FlagSet, args []string, npos int) ([]string, error) {
 	fs.SetOutput(io.Discard)
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return nil, &helpRequest{fs}
+		} else if err != nil {
 			return nil, usageError("%s: %v", fs.Name(), err)
 		}
 		args = fs.Args()

@@ -13,8 +13,8 @@ import (
 // cmdDevices lists the devices of the backend the config chooses.
 func cmdDevices(args []string, stdout io.Writer) error {
 	f := flag.NewFlagSet("devices", flag.ContinueOnError)
-	cfgPath := f.String("config", "", "config file")
-	backend := f.String("backend", "", "verbs backend: auto, rdma or soft")
+	cfgPath := f.String("config", "", "config `FILE`")
+	backend := f.String("backend", "", "verbs backend `auto|rdma|soft` (overrides the config)")
 	if _, err := parse(f, args, 0); err != nil {
 		return err
 	}

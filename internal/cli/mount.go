@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"mrfs/buffer"
@@ -16,17 +17,28 @@ import (
 	"mrfs/tree"
 )
 
-func cmdMount(args []string, stderr io.Writer) error {
+func cmdMount(args []string, stderr io.Writer) (err error) {
 	f := flag.NewFlagSet("mount", flag.ContinueOnError)
-	cfgPath := f.String("config", "", "config file (default: built-in defaults)")
-	backend := f.String("backend", "", "verbs backend: auto, rdma or soft (overrides the config)")
-	device := f.String("device", "", "device name (overrides the config)")
+	cfgPath := f.String("config", "", "config `FILE` (default: built-in defaults)")
+	backend := f.String("backend", "", "verbs backend `auto|rdma|soft` (overrides the config)")
+	device := f.String("device", "", "device `NAME` (overrides the config)")
+	opts := f.String("o", "", "mount `OPTIONS`, comma-separated, as mount(8) takes them: config keys (backend=soft,allow_other,buffers.max_pinned=1GiB) and generic ones; see mrfs(8)")
+	daemon := f.Bool("daemon", false, "go to the background once the mount is ready (exit 0), or exit with the error; the log goes to log.output")
+	f.BoolVar(daemon, "d", false, "short for --daemon")
 	pos, err := parse(f, args, 1)
 	if err != nil {
 		return err
 	}
-	dir := pos[0]
+	// Absolute: a daemon in the background works in /.
+	dir, err := filepath.Abs(pos[0])
+	if err != nil {
+		return err
+	}
 	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		return err
+	}
+	fsname, err := applyMountOptions(&cfg, *opts)
 	if err != nil {
 		return err
 	}
@@ -39,7 +51,15 @@ func cmdMount(args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log := newLogger(cfg.Log, stderr)
+	if *daemon && os.Getenv(readyFDEnv) == "" {
+		return daemonize(append([]string{"mount"}, args...), stderr)
+	}
+	svc, err := newService(cfg.Log, stderr, *daemon)
+	if err != nil {
+		return err
+	}
+	defer func() { svc.close(err) }()
+	log := svc.log
 
 	// Subscribe before anything is pinned or mounted: a signal that comes
 	// while mounting is then handled by the teardown below, instead of
@@ -104,7 +124,7 @@ func cmdMount(args []string, stderr io.Writer) error {
 			ZeroCopy: cfg.Mount.ZeroCopy,
 			Log:      log,
 			Remote:   remote.Where,
-		}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther})
+		}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: fsname})
 	}
 	if err != nil {
 		remote.Close()
@@ -128,13 +148,18 @@ func cmdMount(args []string, stderr io.Writer) error {
 		srv.Wait()
 		close(unmounted)
 	}()
-	select {
-	case sig := <-sigs:
-		log.Info("shutting down", "signal", sig.String())
-	case <-unmounted:
-		log.Info("unmounted from outside; shutting down")
-	}
 	var errs []error
+	if err := svc.ready(dir, sigs); err != nil {
+		errs = append(errs, err)
+	} else {
+		select {
+		case sig := <-sigs:
+			log.Info("shutting down", "signal", sig.String())
+		case <-unmounted:
+			log.Info("unmounted from outside; shutting down")
+		}
+	}
+	svc.stopping()
 
 	// DESIGN.md's order: every region deregistered and every PD
 	// deallocated, the device closed, then the unmount.
@@ -188,12 +213,4 @@ func pauseAfterTeardown(sigs <-chan os.Signal, freed buffer.Freed, log *slog.Log
 	}
 	log.Info("paused after teardown; send SIGINT or SIGTERM to go on", append([]any{"hook", pauseEnv}, freedAttrs(freed)...)...)
 	<-sigs
-}
-
-func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: cfg.Level}
-	if cfg.Format == config.FormatJSON {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }

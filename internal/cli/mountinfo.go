@@ -12,20 +12,20 @@ import (
 // mrfsFSType is how an mrfs mount appears in /proc/self/mountinfo.
 const mrfsFSType = "fuse.mrfs"
 
-// mountFSType returns the filesystem type of the topmost mount at dir, or
-// "" when dir is not a mount point. It reads mountinfo rather than
-// stat-ing dir, which fails with ENOTCONN once the daemon is gone.
-func mountFSType(dir string) (string, error) {
+// mountAt returns the filesystem type and device ("0:39") of the topmost
+// mount at dir; "" when dir is not a mount point. It reads mountinfo
+// rather than stat-ing dir, which fails with ENOTCONN once the daemon is
+// gone.
+func mountAt(dir string) (fstype, dev string, err error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer f.Close()
-	fstype := ""
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// id parent major:minor root MOUNTPOINT options ... - FSTYPE source ...
@@ -35,15 +35,15 @@ func mountFSType(dir string) (string, error) {
 		}
 		for i, f := range fields {
 			if f == "-" && i+1 < len(fields) {
-				fstype = fields[i+1] // later lines are mounted on top
+				fstype, dev = fields[i+1], fields[2] // later lines are mounted on top
 				break
 			}
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read mountinfo: %w", err)
+		return "", "", fmt.Errorf("read mountinfo: %w", err)
 	}
-	return fstype, nil
+	return fstype, dev, nil
 }
 
 // unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).

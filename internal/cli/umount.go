@@ -9,8 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cmdUmount unmounts; it also clears the mount of a daemon that was
-// killed (the kernel then answers ENOTCONN for every access).
+// cmdUmount unmounts and waits until the daemon has torn down and exited
+// (not with --lazy, where it serves until the last open file is closed);
+// it also clears the mount of a daemon that was killed (the kernel then
+// answers ENOTCONN for every access).
 func cmdUmount(args []string) error {
 	f := flag.NewFlagSet("umount", flag.ContinueOnError)
 	lazy := f.Bool("lazy", false, "detach now even if files are open or mapped; they keep working until closed")
@@ -20,7 +22,8 @@ func cmdUmount(args []string) error {
 	}
 	dir := pos[0]
 	// Only mrfs mounts: a typo must not unmount something else.
-	switch fstype, err := mountFSType(dir); {
+	fstype, dev, err := mountAt(dir)
+	switch {
 	case err != nil:
 		return fmt.Errorf("unmount %s: %w", dir, err)
 	case fstype == "":
@@ -28,17 +31,32 @@ func cmdUmount(args []string) error {
 	case fstype != mrfsFSType:
 		return fmt.Errorf("unmount %s: a %s mount, not mrfs; use umount(8)", dir, fstype)
 	}
+	var servers []int // the daemon, found before its device number can be reused
+	if !*lazy {
+		servers = fuseServers(dev)
+	}
+	if err := unmount(dir, *lazy); err != nil {
+		for _, fd := range servers {
+			unix.Close(fd)
+		}
+		return err
+	}
+	waitExited(servers)
+	return nil
+}
+
+func unmount(dir string, lazy bool) error {
 	flags := 0
-	if *lazy {
+	if lazy {
 		flags = unix.MNT_DETACH
 	}
-	err = unix.Unmount(dir, flags)
+	err := unix.Unmount(dir, flags)
 	if errors.Is(err, unix.EPERM) {
 		// Not root: a user mount is unmounted by the setuid helper.
 		for _, helper := range []string{"fusermount3", "fusermount"} {
 			if path, lerr := exec.LookPath(helper); lerr == nil {
 				args := []string{"-u"}
-				if *lazy {
+				if lazy {
 					args = append(args, "-z")
 				}
 				if out, herr := exec.Command(path, append(args, dir)...).CombinedOutput(); herr != nil {

@@ -67,6 +67,10 @@ type Mount struct {
 type Log struct {
 	Level  slog.Level // log.level: slog.LevelDebug, Info, Warn or Error
 	Format string     // log.format: FormatText or FormatJSON
+	// Output (log.output) is where the log goes: OutputStderr,
+	// OutputSyslog, or an absolute file path (appended to). A daemon in
+	// the background has no stderr: there OutputStderr means syslog.
+	Output string
 }
 
 // Remote is the [remote] table: whether and how peers reach the mount's
@@ -107,6 +111,12 @@ const (
 	FormatJSON = "json"
 )
 
+// The named values of log.output; any other value is a file's path.
+const (
+	OutputStderr = "stderr"
+	OutputSyslog = "syslog"
+)
+
 // Default is the configuration of an empty file, as in DESIGN.md and the
 // committed config.toml.
 func Default() Config {
@@ -120,7 +130,7 @@ func Default() Config {
 			HugePages:     "within_size",
 		},
 		Mount: Mount{ZeroCopy: true, Umask: 0o077},
-		Log:   Log{Level: slog.LevelInfo, Format: FormatText},
+		Log:   Log{Level: slog.LevelInfo, Format: FormatText, Output: OutputStderr},
 		Remote: Remote{
 			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 			MaxConnections: 64,

@@ -69,7 +69,7 @@ func TestDefaults(t *testing.T) {
 	if d.Mount.AllowOther || !d.Mount.ZeroCopy || d.Mount.Umask != 0o077 {
 		t.Errorf("mount defaults: %+v", d.Mount)
 	}
-	if d.Log.Level != slog.LevelInfo || d.Log.Format != "text" {
+	if d.Log.Level != slog.LevelInfo || d.Log.Format != "text" || d.Log.Output != "stderr" {
 		t.Errorf("log defaults: %+v", d.Log)
 	}
 	if err := d.Validate(); err != nil {
@@ -140,6 +140,7 @@ umask = "022"
 [log]
 level = "debug"
 format = "json"
+output = "/var/log/mrfs.log"
 
 [remote]
 listen = "127.0.0.1:7471"
@@ -163,7 +164,7 @@ listen = "127.0.0.1:9471"
 			HugePages:        "always",
 		},
 		Mount: Mount{AllowOther: true, ZeroCopy: false, Umask: 0o022},
-		Log:   Log{Level: slog.LevelDebug, Format: "json"},
+		Log:   Log{Level: slog.LevelDebug, Format: "json", Output: "/var/log/mrfs.log"},
 		Remote: Remote{
 			Listen:         "127.0.0.1:7471",
 			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.7/32"), netip.MustParsePrefix("fd00::/8")},
@@ -308,6 +309,13 @@ func TestValidation(t *testing.T) {
 	wantErr(t, `log.level = "verbose"`, "log.level", `"verbose"`, "debug, info, warn or error")
 	wantErr(t, `log.level = "INFO"`, "log.level")
 	wantErr(t, `log.format = "xml"`, "log.format", `"xml"`, "text or json")
+	wantErr(t, `log.output = "mrfs.log"`, "log.output", `"mrfs.log"`, "absolute")
+	wantErr(t, `log.output = ""`, "log.output", "stderr, syslog or an absolute file path")
+	wantErr(t, `log.output = "/var/log/"`, "log.output", "directory")
+	wantErr(t, `log.output = "Syslog"`, "log.output", `"Syslog"`)
+	if c := mustParse(t, `log.output = "syslog"`); c.Log.Output != OutputSyslog {
+		t.Errorf("log.output = syslog: got %q", c.Log.Output)
+	}
 	for in, want := range map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError} {
 		if c := mustParse(t, `log.level = "`+in+`"`); c.Log.Level != want {
 			t.Errorf("level %s: got %v", in, c.Log.Level)

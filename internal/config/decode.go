@@ -43,6 +43,7 @@ type file struct {
 	Log struct {
 		Level  levelName `toml:"level"`
 		Format string    `toml:"format"`
+		Output string    `toml:"output"`
 	} `toml:"log"`
 	Remote struct {
 		Listen         string     `toml:"listen"`
@@ -56,9 +57,10 @@ type file struct {
 	} `toml:"metrics"`
 }
 
-func decode(data []byte) (Config, error) {
-	// Pre-fill with the defaults so that absent keys keep them.
-	d := Default()
+func decode(data []byte) (Config, error) { return decodeOnto(Default(), data) }
+
+// decodeOnto decodes data over d: keys absent from data keep d's values.
+func decodeOnto(d Config, data []byte) (Config, error) {
 	var f file
 	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
 	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
@@ -67,7 +69,7 @@ func decode(data []byte) (Config, error) {
 	f.Metrics.Listen = d.Metrics.Listen
 	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
 	name, _ := knownLevel(d.Log.Level)
-	f.Log.Level, f.Log.Format = levelName(name), d.Log.Format
+	f.Log.Level, f.Log.Format, f.Log.Output = levelName(name), d.Log.Format, d.Log.Output
 	f.Remote.Listen, f.Remote.AllowFrom, f.Remote.MaxConnections = d.Remote.Listen, d.Remote.AllowFrom, d.Remote.MaxConnections
 	f.Remote.MaxMessageSize, f.Remote.Timeout = d.Remote.MaxMessageSize, duration(d.Remote.Timeout)
 
@@ -91,7 +93,7 @@ func decode(data []byte) (Config, error) {
 			HugePages:        f.Buffers.HugePages,
 		},
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
-		Log:   Log{Level: level, Format: f.Log.Format},
+		Log:   Log{Level: level, Format: f.Log.Format, Output: f.Log.Output},
 		Remote: Remote{
 			Listen:         f.Remote.Listen,
 			AllowFrom:      f.Remote.AllowFrom,
@@ -195,7 +197,7 @@ func schemaKeys(t reflect.Type, prefix string, out map[string]bool) {
 		fld := t.Field(i)
 		name := prefix + fld.Tag.Get("toml")
 		out[name] = true
-		if fld.Type.Kind() == reflect.Struct {
+		if isTable(fld.Type) {
 			schemaKeys(fld.Type, name+".", out)
 		}
 	}

@@ -7,6 +7,10 @@
 // Validate are config errors: they match ErrInvalid with errors.Is and
 // *Error with errors.As, which is how the CLI picks exit code 2.
 //
+// Set applies one key from its text form, as a mount option (`-o
+// buffers.max_pinned=1GiB`) gives it, through the same decoding; Keys
+// lists the keys for the command line's documentation.
+//
 // Value formats:
 //
 //   - Sizes (buffers.default_size, buffers.max_pinned,
@@ -26,6 +30,8 @@
 //     silent weakening of key secrecy, and the decoder cannot tell 0o22
 //     from 18.
 //   - Enumerations (verbs.backend, log.level, log.format) are lower case.
+//   - log.output is "stderr", "syslog" or an absolute path: a daemon in
+//     the background works in /, where a relative path would mislead.
 //   - remote.listen is "host:port" with an IP literal or empty host;
 //     remote.allow_from is a list of CIDR networks or single addresses;
 //     remote.timeout is a quoted Go duration ("10s"), never a bare number.

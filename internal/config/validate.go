@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"mrfs/verbs"
 )
@@ -85,6 +87,15 @@ func (c Config) Validate() error {
 	case FormatText, FormatJSON:
 	default:
 		bad("log.format", "%q is not a format; use text or json", c.Log.Format)
+	}
+	switch o := c.Log.Output; {
+	case o == OutputStderr || o == OutputSyslog:
+	case !filepath.IsAbs(o):
+		// A daemon in the background changes to /: a relative path would
+		// name another file then than now.
+		bad("log.output", "%q is not stderr, syslog or an absolute file path", o)
+	case strings.HasSuffix(o, "/"):
+		bad("log.output", "%q is a directory; name the log file", o)
 	}
 	r := c.Remote
 	if r.Listen != "" {
