@@ -109,15 +109,17 @@ func TestPerUserQuota(t *testing.T) {
 func TestMemoryAdmission(t *testing.T) {
 	var mu sync.Mutex
 	mem := sysmem.Memory{Total: 1 << 40, Available: 1 << 40}
+	clock := time.Unix(1000, 0)
+	defer buffer.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return clock })()
 	ev := &events{}
 	e := setup(t, buffer.Options{Events: ev, Memory: func() (sysmem.Memory, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return mem, nil
 	}}, 0)
-	set := func(m sysmem.Memory) {
+	set := func(m sysmem.Memory) { // and a reading is due
 		mu.Lock()
-		mem = m
+		mem, clock = m, clock.Add(buffer.MemoryFresh)
 		mu.Unlock()
 	}
 	b := e.create(t, 4*page)
@@ -149,6 +151,46 @@ func TestMemoryAdmission(t *testing.T) {
 	if err := b.Resize(8 * page); err != nil {
 		t.Fatalf("once there is room: %v", err)
 	}
+}
+
+// A reading of the memory left is reused for a while, less what was
+// admitted since; close to a limit, or once it is old, a new one is taken.
+func TestMemoryReadingReused(t *testing.T) {
+	var mu sync.Mutex
+	reads := 0
+	const mib = 1 << 20
+	const size = 16 * mib
+	// Room for two more beyond what a registration keeps clear.
+	const avail = 2*size + buffer.MemReserve + buffer.MemoryNear + 2*mib
+	clock := time.Unix(1000, 0)
+	defer buffer.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return clock })()
+	e := setup(t, buffer.Options{Memory: func() (sysmem.Memory, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		return sysmem.Memory{Total: 1 << 40, Available: avail}, nil
+	}}, 0)
+	want := func(n int, what string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if reads != n {
+			t.Fatalf("%s: %d readings, want %d", what, reads, n)
+		}
+	}
+	e.create(t, size)
+	want(1, "the first registration")
+	e.create(t, size)
+	want(1, "a second one far from the limits")
+	e.create(t, size)
+	want(2, "one that the reading, less what was admitted since, brings near a limit")
+	e.create(t, page)
+	want(2, "a page far from the limits")
+	mu.Lock()
+	clock = clock.Add(buffer.MemoryFresh)
+	mu.Unlock()
+	e.create(t, page)
+	want(3, "one once the reading is old")
 }
 
 // A size past the device's max_mr_size could never be registered: EFBIG,

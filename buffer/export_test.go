@@ -58,3 +58,9 @@ func SetClock(f func() time.Time) (restore func()) {
 	now = f
 	return func() { now = old }
 }
+
+const (
+	MemoryFresh = memoryFresh
+	MemoryNear  = memoryNear
+	MemReserve  = memReserve
+)

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/internal/bytesize"
+	"mrfs/internal/sysmem"
 	"mrfs/store"
 	"mrfs/verbs"
 )
@@ -158,7 +159,7 @@ func (m *Manager) admitMemory(f store.File, length uint64) error {
 			fmt.Sprintf("cannot pin %s: the backing store (its size is max_pinned, %s) holds %s, part of it in files not registered (grown past a limit); free buffers or raise buffers.max_pinned", bytesize.Format(length), bytesize.Format(size), bytesize.Format(used)),
 			"value", size, "used", used, "request", length)
 	}
-	mem, err := m.memory()
+	mem, err := m.memoryLeft(need)
 	if err != nil {
 		m.log.Debug("cannot read the memory left; pinning without checking it", "err", err)
 		return nil
@@ -175,7 +176,43 @@ func (m *Manager) admitMemory(f store.File, length uint64) error {
 			fmt.Sprintf("cannot pin %s: the daemon's memory cgroup (%s) allows %s and uses %s; raise its limit or lower buffers.max_pinned", bytesize.Format(need), mem.Cgroup, bytesize.Format(mem.CgroupLimit), bytesize.Format(mem.CgroupUsage)),
 			"value", mem.CgroupLimit, "usage", mem.CgroupUsage, "request", need)
 	}
+	m.mu.Lock()
+	m.memSince += need
+	m.mu.Unlock()
 	return nil
+}
+
+// Reading the memory left (meminfo, the process's cgroup, mountinfo) costs
+// about as much as the rest of a small buffer's registration, so a reading
+// is reused for memoryFresh, less what was admitted since. Within
+// memoryNear of a limit every admission reads afresh: there the answer
+// must be today's, and the refusals are as exact as without reuse.
+const (
+	memoryFresh = 100 * time.Millisecond
+	memoryNear  = 64 << 20
+)
+
+// memoryLeft returns what the machine and the cgroup have left for a
+// registration that adds need bytes of pages.
+func (m *Manager) memoryLeft(need uint64) (sysmem.Memory, error) {
+	m.mu.Lock()
+	est, read, age := m.mem, !m.memAt.IsZero(), now().Sub(m.memAt)
+	est.Available -= min(est.Available, m.memSince)
+	est.CgroupUsage += m.memSince
+	m.mu.Unlock()
+	want := need + memReserve + memoryNear
+	if room, limited := est.CgroupHeadroom(); read && age >= 0 && age < memoryFresh &&
+		est.Available >= want && (!limited || room >= want) {
+		return est, nil
+	}
+	mem, err := m.memory()
+	if err != nil {
+		return mem, err
+	}
+	m.mu.Lock()
+	m.mem, m.memAt, m.memSince = mem, now(), 0
+	m.mu.Unlock()
+	return mem, nil
 }
 
 // classifyLocked turns a device refusal that is a known limit into a

@@ -29,7 +29,7 @@ type Manager struct {
 	mu sync.Mutex
 	// guards (with mu): the sets of buffers and domains, every Domain's
 	// mutable fields, the counters, the per-user charges, the
-	// limit-warning times and the open descriptors.
+	// limit-warning times, the memory reading and the open descriptors.
 	closed     bool
 	buffers    map[*Buffer]struct{}
 	domains    map[*Domain]struct{}
@@ -38,6 +38,9 @@ type Manager struct {
 	regions    int    // live regions, counting both during a replacement
 	users      map[uint32]*UserStats
 	warned     map[limitKind]time.Time
+	mem        sysmem.Memory // the last reading of the memory left (limits.go)
+	memAt      time.Time     // when it was read
+	memSince   uint64        // bytes of pages admitted since
 	nextID     uint64
 	openFds    int
 	maxOpenFds int
