@@ -319,7 +319,8 @@ func TestUnlinkWhileMapped(t *testing.T) {
 }
 
 // TestDegradedMode: mount.zero_copy = false: I/O works through the daemon,
-// zero_copy reads 0, MAP_SHARED mmap fails with ENODEV.
+// zero_copy reads 0, MAP_SHARED mmap fails with ENODEV, MAP_PRIVATE is a
+// private copy.
 func TestDegradedMode(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{Mount: "zero_copy = false"})
@@ -349,6 +350,21 @@ func TestDegradedMode(t *testing.T) {
 		unix.Munmap(m)
 	}
 	wantErrno(t, err, unix.ENODEV, "MAP_SHARED mmap in degraded mode")
+
+	// MAP_PRIVATE the kernel allows (DESIGN, "Zero-copy mmap"): a copy of
+	// the buffer's bytes, whose writes stay the client's own.
+	p, err := unix.Mmap(int(fh.Fd()), 0, len(data), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatalf("MAP_PRIVATE mmap in degraded mode: %v", err)
+	}
+	defer unix.Munmap(p)
+	if !bytes.Equal(p, data) {
+		t.Fatal("a private mapping does not show the buffer's bytes")
+	}
+	p[0] ^= 0xff
+	if got, err := os.ReadFile(f); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("a store to a private mapping reached the buffer: %v", err)
+	}
 }
 
 // TestShrinkWhileMapped: shrinking a buffer a client maps keeps the prefix,
