@@ -34,8 +34,8 @@ func BenchmarkPinning(b *testing.B) {
 // benchHuge registers a fresh buffer of each size on both mounts, in
 // alternating order, and reports the median ratio of never/within_size.
 func benchHuge(b *testing.B) {
-	base := startDaemon(b, daemonConfig{Buffers: `huge_pages = "never"`})
-	huge := startDaemon(b, daemonConfig{Buffers: `huge_pages = "within_size"`})
+	base := startDaemon(b, daemonConfig{Quiet: true, Buffers: `huge_pages = "never"`})
+	huge := startDaemon(b, daemonConfig{Quiet: true, Buffers: `huge_pages = "within_size"`})
 	for _, c := range []struct {
 		size   int64
 		rounds int
@@ -88,7 +88,7 @@ func benchPerBuffer(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer os.WriteFile(mapCount, old, 0o644)
-	d := startDaemon(b, daemonConfig{Buffers: "max_buffers = 200000", Hang: 30 * time.Minute})
+	d := startDaemon(b, daemonConfig{Quiet: true, Buffers: "max_buffers = 200000", Hang: 30 * time.Minute})
 	dir := d.path("many")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		b.Fatal(err)

@@ -124,7 +124,7 @@ func BenchmarkRatios(b *testing.B) {
 // start, so each group gets its own; with -count, a group's pairs run
 // count times in a row on one daemon, which must stay well under that.
 func withDaemon(b *testing.B, f func(*testing.B, *daemon)) {
-	d := startDaemon(b, daemonConfig{})
+	d := startDaemon(b, daemonConfig{Quiet: true})
 	if st := benchStats(b, d); st.Backend != "soft" {
 		b.Fatalf("backend %q, want soft", st.Backend)
 	}

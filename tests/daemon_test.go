@@ -41,6 +41,8 @@ type daemonConfig struct {
 	Mount   string
 	Remote  string // the [remote] table (docs/REMOTE.md)
 	Log     string // more of the [log] table (its level is debug)
+	// Quiet logs at info, as a daemon in production does: for benchmarks.
+	Quiet   bool
 	Metrics string // the [metrics] table
 	// Wrapper is a command prefix such as prlimit/setpriv; each must exec
 	// the next so the daemon keeps the pid we started.
@@ -56,8 +58,12 @@ type daemonConfig struct {
 }
 
 func (c daemonConfig) toml() string {
+	level := "debug"
+	if c.Quiet {
+		level = "info"
+	}
 	return "[verbs]\nbackend = \"soft\"\n" + c.Verbs + "\n\n[buffers]\n" + c.Buffers +
-		"\n\n[mount]\n" + c.Mount + "\n\n[log]\nlevel = \"debug\"\n" + c.Log + "\n\n[remote]\n" + c.Remote +
+		"\n\n[mount]\n" + c.Mount + "\n\n[log]\nlevel = \"" + level + "\"\n" + c.Log + "\n\n[remote]\n" + c.Remote +
 		"\n\n[metrics]\n" + c.Metrics + "\n"
 }
 
