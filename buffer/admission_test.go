@@ -1,7 +1,7 @@
 package buffer_test
 
 import (
-	"log/slog"
+	"context"
 	"os"
 	"strings"
 	"sync"
@@ -70,8 +70,8 @@ func TestPerUserQuota(t *testing.T) {
 	if st.Users[1000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 3 * page}) || st.Users[2000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 2 * page}) || len(st.Users) != 2 {
 		t.Fatalf("Users %+v", st.Users)
 	}
-	errnoIs(t, a.Resize(5*page), syscall.EDQUOT)
-	if err := a.Resize(4 * page); err != nil {
+	errnoIs(t, a.Resize(context.Background(), 5*page), syscall.EDQUOT)
+	if err := a.Resize(context.Background(), 4*page); err != nil {
 		t.Fatalf("up to the quota: %v", err)
 	}
 	// chown: the charge follows, and the new owner's quota must hold it.
@@ -82,7 +82,7 @@ func TestPerUserQuota(t *testing.T) {
 	if err := b.SetOwner(1000); err == nil {
 		t.Fatal("uid 1000 took 2 more pages past its quota")
 	}
-	if err := a.Resize(page); err != nil {
+	if err := a.Resize(context.Background(), page); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.SetOwner(1000); err != nil {
@@ -127,7 +127,7 @@ func TestMemoryAdmission(t *testing.T) {
 	before := b.Info()
 
 	set(sysmem.Memory{Total: 1 << 30, Available: 32<<20 + page})
-	errnoIs(t, b.Resize(6*page), syscall.ENOMEM)
+	errnoIs(t, b.Resize(context.Background(), 6*page), syscall.ENOMEM)
 	if b.Info() != before || e.m.Stats().PinnedBytes != 4*page {
 		t.Fatal("a refused Resize changed something")
 	}
@@ -140,7 +140,7 @@ func TestMemoryAdmission(t *testing.T) {
 	}
 
 	set(sysmem.Memory{Total: 1 << 40, Available: 1 << 40, Cgroup: "/sys/fs/cgroup/memory/x", CgroupLimit: 1 << 30, CgroupUsage: 1<<30 - 32<<20})
-	errnoIs(t, b.Resize(8*page), syscall.ENOMEM)
+	errnoIs(t, b.Resize(context.Background(), 8*page), syscall.ENOMEM)
 	if !strings.Contains(e.log.String(), "/sys/fs/cgroup/memory/x") || ev.hits() != "MemAvailable,memory cgroup" {
 		t.Fatalf("the cgroup is not named: %s / %s", e.log.String(), ev.hits())
 	}
@@ -148,7 +148,7 @@ func TestMemoryAdmission(t *testing.T) {
 		t.Fatalf("after the refusal %+v", in)
 	}
 	set(sysmem.Memory{Total: 1 << 40, Available: 1 << 40})
-	if err := b.Resize(8 * page); err != nil {
+	if err := b.Resize(context.Background(), 8*page); err != nil {
 		t.Fatalf("once there is room: %v", err)
 	}
 }
@@ -193,29 +193,6 @@ func TestMemoryReadingReused(t *testing.T) {
 	want(3, "one once the reading is old")
 }
 
-// A size past the device's max_mr_size could never be registered: EFBIG,
-// naming max_mr_size.
-func TestMaxMRSize(t *testing.T) {
-	e := setup(t, buffer.Options{}, 0)
-	if _, err := e.m.Close(); err != nil {
-		t.Fatal(err)
-	}
-	e.dev.maxMRSize = 8 * page
-	e.m = buffer.NewManager(e.dev, buffer.Options{Allowed: allowed, Store: newStore(t, buffer.Options{})}, slog.New(slog.NewTextHandler(e.log, nil)))
-	d, err := e.m.NewDomain(verbs.LocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := e.m.Create(d, 8*page, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errnoIs(t, b.Resize(8*page+1), syscall.EFBIG)
-	if !strings.Contains(e.log.String(), "max_mr_size") {
-		t.Fatalf("max_mr_size not named:\n%s", e.log.String())
-	}
-}
-
 // The tmpfs store is the budget: pages of files that are not registered
 // (grown past a limit) take room, and a registration that needs pages the
 // store no longer has is ENOSPC, naming it.
@@ -236,7 +213,7 @@ func TestStoreFull(t *testing.T) {
 	if st := e.m.Stats(); st.StoreUsed != 8*page || st.PinnedBytes != 2*page {
 		t.Fatalf("Stats %+v", st)
 	}
-	err := a.Resize(4 * page)
+	err := a.Resize(context.Background(), 4*page)
 	errnoIs(t, err, syscall.ENOSPC)
 	check(t, e, a, 2*page, buffer.Registered)
 	if !strings.Contains(err.Error(), "the store is full (max_pinned, 32 KiB)") {
@@ -252,9 +229,9 @@ func TestStoreFull(t *testing.T) {
 	}
 	// A client's descriptor keeps the removed file's pages; once closed,
 	// they are the store's again.
-	errnoIs(t, a.Resize(4*page), syscall.ENOSPC)
+	errnoIs(t, a.Resize(context.Background(), 4*page), syscall.ENOSPC)
 	f.Close()
-	if err := a.Resize(4 * page); err != nil {
+	if err := a.Resize(context.Background(), 4*page); err != nil {
 		t.Fatalf("once the store has room: %v", err)
 	}
 }
@@ -273,7 +250,7 @@ func TestEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Resize(2 * page); err != nil {
+	if err := b.Resize(context.Background(), 2*page); err != nil {
 		t.Fatal(err)
 	}
 	_, err = m.Create(d, 0, 0)
@@ -293,7 +270,7 @@ func TestMaxPinnedExact(t *testing.T) {
 	e := setup(t, buffer.Options{MaxPinned: 4 * page, Store: store.NewMemfd()}, 0)
 	e.create(t, 3*page)
 	b := e.create(t, page)
-	errnoIs(t, b.Resize(page+1), syscall.ENOSPC)
+	errnoIs(t, b.Resize(context.Background(), page+1), syscall.ENOSPC)
 	check(t, e, b, page, buffer.Registered)
 	_, err := e.m.Create(e.d, 1, 0)
 	errnoIs(t, err, syscall.ENOSPC)

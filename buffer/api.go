@@ -36,6 +36,14 @@ type Options struct {
 	FdReserve int
 	// Events hears of registrations and refusals (metrics); nil: none.
 	Events Events
+	// PopulateThreshold: a registration of at least this many bytes has
+	// its new pages populated by PopulateWorkers workers first (0 or
+	// less: GOMAXPROCS); 0: never.
+	PopulateThreshold uint64
+	PopulateWorkers   int
+	// ChunkDelay is a test hook: a pause after each chunk populated, so
+	// that a registration lasts long enough to watch or interrupt.
+	ChunkDelay time.Duration
 }
 
 // Events are what a Manager reports as it happens, for metrics. Calls are
@@ -80,6 +88,12 @@ type Info struct {
 	PD         uint32
 	Owner      uint32 // the uid charged for its pinned bytes
 	Generation uint64 // registrations made for it: grows at every one
+	// Regions is how many memory regions the registration is made of
+	// (Buffer.Regions lists them); LKey, RKey and Addr are the first's.
+	Regions int
+	// Progress is a registration under way (Total 0: none); the rest of
+	// Info is then what was there before it.
+	Progress Progress
 }
 
 // Stats are totals across a Manager.

@@ -1,6 +1,7 @@
 package buffer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -18,12 +19,12 @@ import (
 // registration of that mapping.
 //
 // Invariants while the buffer lives (gone == nil):
-//   - mr == nil: nothing is mapped (mp is empty); the buffer is Empty when
-//     size is 0, else Unregistered and reason says why.
-//   - mr != nil: mr covers [mp.base, mp.base+mr.Length()), mp.len is
-//     pageRound(mr.Length()), and mr.Length() <= size. Less only when a
-//     client grew the file past what could be registered: reason says
-//     why, and the registration that was there stays.
+//   - regs == nil: nothing is mapped (mp is empty); the buffer is Empty
+//     when size is 0, else Unregistered and reason says why.
+//   - regs != nil: regs cover [mp.base, mp.base+regs.length()) in order,
+//     mp.len is pageRound(regs.length()), and regs.length() <= size. Less
+//     only when a client grew the file past what could be registered:
+//     reason says why, and the registration that was there stays.
 //   - size is the file's size as last learned.
 type Buffer struct {
 	m  *Manager
@@ -33,7 +34,7 @@ type Buffer struct {
 	// guards (with mu): every field below.
 	f      store.File // nil once freed
 	mp     mapping    // the daemon's mapping of the file
-	mr     verbs.MR   // nil unless registered
+	regs   regions    // nil unless registered
 	size   uint64
 	access verbs.Access
 	dom    *Domain
@@ -43,6 +44,16 @@ type Buffer struct {
 	gone   error  // errFreed or errClosed once freed
 
 	pageSize atomic.Uint64 // PageSize's answer; 0: not learned since the last registration
+	// busy is set, while mu is held, for a registration that takes a
+	// while: Info, Regions and Sync answer from it rather than wait.
+	busy atomic.Pointer[busy]
+}
+
+// busy is a registration under way and what the buffer was before it.
+type busy struct {
+	info Info
+	regs []Region
+	prog progress
 }
 
 // String is the state as user.mrfs.state spells it (without the reason).
@@ -95,7 +106,7 @@ func (m *Manager) Create(d *Domain, size uint64, owner uint32) (*Buffer, error) 
 		err := f.Truncate(size)
 		if err == nil {
 			b.size = size
-			err = b.registerLocked(size, b.dom, b.access)
+			err = b.registerLocked(context.Background(), size, b.dom, b.access)
 		}
 		if err != nil {
 			b.abandonLocked()
@@ -125,8 +136,24 @@ func (b *Buffer) abandonLocked() {
 // Info returns a snapshot. After Free it reports the last size with
 // State Empty.
 func (b *Buffer) Info() Info {
+	in, _ := b.Regions()
+	return in
+}
+
+// Regions returns Info and the regions of the registration, from one
+// snapshot.
+func (b *Buffer) Regions() (Info, []Region) {
+	if bs := b.busy.Load(); bs != nil {
+		in := bs.info
+		in.Progress = Progress{Done: bs.prog.done.Load(), Total: bs.prog.total}
+		return in, bs.regs
+	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
+	return b.infoLocked(), b.regs.list()
+}
+
+func (b *Buffer) infoLocked() Info {
 	in := Info{
 		Size:       b.size,
 		State:      b.stateLocked(),
@@ -136,9 +163,9 @@ func (b *Buffer) Info() Info {
 		Owner:      b.owner,
 		Generation: b.gen,
 	}
-	if b.mr != nil {
-		in.Length = b.mr.Length()
-		in.LKey, in.RKey, in.Addr = b.mr.LKey(), b.mr.RKey(), b.mr.Addr()
+	if len(b.regs) > 0 {
+		in.Length, in.Regions = b.regs.length(), len(b.regs)
+		in.LKey, in.RKey, in.Addr = b.regs[0].LKey(), b.regs[0].RKey(), b.regs[0].Addr()
 	}
 	return in
 }
@@ -151,9 +178,12 @@ func (b *Buffer) PageSize() uint64 {
 	if ps := b.pageSize.Load(); ps != 0 {
 		return ps
 	}
+	if b.busy.Load() != nil {
+		return 0 // not learned until the registration is done
+	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if b.mr == nil {
+	if b.regs == nil {
 		return 0
 	}
 	ps, _ := store.PageSizeAt(b.mp.base)
@@ -163,9 +193,9 @@ func (b *Buffer) PageSize() uint64 {
 
 func (b *Buffer) stateLocked() State {
 	switch {
-	case b.gone != nil || b.size == 0 && b.mr == nil:
+	case b.gone != nil || b.size == 0 && b.regs == nil:
 		return Empty
-	case b.mr != nil:
+	case b.regs != nil:
 		return Registered
 	}
 	return Unregistered
@@ -181,18 +211,22 @@ func (b *Buffer) Domain() *Domain {
 // coveredLocked says whether the registration is what the file needs:
 // the whole file, or nothing for an empty one.
 func (b *Buffer) coveredLocked() bool {
-	if b.mr == nil {
+	if b.regs == nil {
 		return b.size == 0
 	}
-	return b.mr.Length() == b.size
+	return b.regs.length() == b.size
 }
 
 // Sync learns the file's size and re-registers when it changed (a client
 // wrote past the end through a zero-copy open). When the new size cannot
 // be registered (a limit), the registration that was there stays (its
 // range is still the file's first bytes), Info.Reason says why, and Sync
-// returns the error; every later Sync tries again.
+// returns the error; every later Sync tries again. During a long
+// registration it returns at once: that one learns the size when done.
 func (b *Buffer) Sync() error {
+	if b.busy.Load() != nil {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
@@ -244,7 +278,7 @@ func (b *Buffer) syncOnceLocked(final bool) error {
 		b.size = 0
 		return nil
 	}
-	err = b.registerLocked(cur, b.dom, b.access)
+	err = b.registerLocked(context.Background(), cur, b.dom, b.access)
 	if err == nil {
 		b.size, b.reason = cur, ""
 		return nil
@@ -253,7 +287,7 @@ func (b *Buffer) syncOnceLocked(final bool) error {
 	if errors.Is(err, errRaced) && !final {
 		return err // nothing changed yet; the caller looks again
 	}
-	if b.mr != nil && b.mr.Length() > cur {
+	if b.regs != nil && b.regs.length() > cur {
 		// The file shrank under the registration (only a client outside
 		// mrfs's own calls could): no region may reach past the end.
 		if derr := b.dropLocked(); derr != nil {
@@ -266,16 +300,13 @@ func (b *Buffer) syncOnceLocked(final bool) error {
 }
 
 // registerLocked makes the registration cover exactly [0, n) of the file
-// (whose size is at least n) in d with access a: the new region is
-// registered first, then the old one deregistered. A smaller n reuses the
+// (whose size is at least n) in d with access a: the new regions are
+// registered first, then the old ones deregistered. A smaller n reuses the
 // current mapping and unmaps its tail afterwards; a larger one maps the
-// file anew. On failure the buffer is as before.
-func (b *Buffer) registerLocked(n uint64, d *Domain, a verbs.Access) error {
-	var oldLen uint64
-	if b.mr != nil {
-		oldLen = b.mr.Length()
-	}
-	reuse := b.mr != nil && n <= oldLen
+// file anew. On failure, or when ctx ends first, the buffer is as before.
+func (b *Buffer) registerLocked(ctx context.Context, n uint64, d *Domain, a verbs.Access) error {
+	oldLen := b.regs.length()
+	reuse := b.regs != nil && n <= oldLen
 	mp := b.mp
 	if !reuse {
 		p, err := b.f.Map(n)
@@ -284,18 +315,27 @@ func (b *Buffer) registerLocked(n uint64, d *Domain, a verbs.Access) error {
 		}
 		mp = mapping{base: p, len: pageRound(n)}
 	}
-	mr, err := b.m.regMR(b.f, d.pd, d.handle, uintptr(mp.base), n, oldLen, b.owner, a)
+	var prog *progress
+	if t := b.m.opt.PopulateThreshold; t > 0 && n >= t {
+		bs := &busy{info: b.infoLocked(), regs: b.regs.list()}
+		bs.prog.total = n
+		b.busy.Store(bs)
+		defer b.busy.Store(nil)
+		prog = &bs.prog
+	}
+	rs, err := b.m.register(ctx, b.f, d.pd, d.handle, mp.base, n, oldLen, oldLen, b.owner, a, prog)
 	if err != nil {
 		if !reuse {
 			mp.unmap()
 		}
 		return err
 	}
-	if b.mr != nil {
-		if err := b.m.deregMR(b.mr, b.owner, false); err != nil {
-			// Keep the old region; take the new one back.
-			if uerr := b.m.deregMR(mr, b.owner, false); uerr != nil {
-				b.m.log.Error("leaking a memory region", "lkey", mr.LKey(), "err", uerr)
+	if rest, err := b.m.deregister(b.regs, b.owner, false); err != nil {
+		if len(rest) == len(b.regs) {
+			// Nothing of the old registration went: keep it, and take
+			// the new one back.
+			if left, uerr := b.m.deregister(rs, b.owner, false); uerr != nil {
+				b.m.log.Error("leaking memory regions", "regions", len(left), "err", uerr)
 			}
 			b.m.mu.Lock()
 			b.m.chargeLocked(b.owner, n, oldLen)
@@ -305,6 +345,8 @@ func (b *Buffer) registerLocked(n uint64, d *Domain, a verbs.Access) error {
 			}
 			return err
 		}
+		// Part of it went: the new registration is the only whole one.
+		b.m.log.Error("leaking memory regions", "regions", len(rest), "err", err)
 	}
 	if reuse {
 		if err := b.mp.shrink(n); err != nil {
@@ -317,19 +359,18 @@ func (b *Buffer) registerLocked(n uint64, d *Domain, a verbs.Access) error {
 		}
 		b.mp = mp
 	}
-	b.mr = mr
+	b.regs = rs
 	b.gen++
 	b.pageSize.Store(0)
 	return nil
 }
 
-// dropLocked deregisters the region and unmaps the mapping.
+// dropLocked deregisters the regions and unmaps the mapping.
 func (b *Buffer) dropLocked() error {
-	if b.mr != nil {
-		if err := b.m.deregMR(b.mr, b.owner, true); err != nil {
-			return err
-		}
-		b.mr = nil
+	rest, err := b.m.deregister(b.regs, b.owner, true)
+	b.regs = rest
+	if err != nil {
+		return err
 	}
 	if err := b.mp.unmap(); err != nil {
 		b.m.log.Error("leaking a buffer mapping", "err", err)
@@ -342,15 +383,16 @@ func (b *Buffer) dropLocked() error {
 // Resize sets the size and registers it: new region first, then the old
 // one deregistered. Keeps the first min(old, new) bytes. Resize(0)
 // deregisters and unmaps everything (Empty). On failure the buffer keeps
-// its previous state and size.
-func (b *Buffer) Resize(size uint64) error {
+// its previous state and size; so does ctx ending first (EINTR): a FUSE
+// INTERRUPT, such as Ctrl-C on truncate, stops a big registration.
+func (b *Buffer) Resize(ctx context.Context, size uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return fmt.Errorf("resize: %w", b.gone)
 	}
 	// Start from the size the kernel has: a client may have changed it.
-	if err := b.syncedLocked(func() error { return b.resizeLocked(size) }); err != nil {
+	if err := b.syncedLocked(func() error { return b.resizeLocked(ctx, size) }); err != nil {
 		return fmt.Errorf("resize to %s: %w", bytesize.Format(size), err)
 	}
 	return nil
@@ -358,7 +400,7 @@ func (b *Buffer) Resize(size uint64) error {
 
 // resizeLocked sets the file's size to n and registers it. It expects
 // b.size to be the file's size (syncLocked just ran).
-func (b *Buffer) resizeLocked(n uint64) error {
+func (b *Buffer) resizeLocked(ctx context.Context, n uint64) error {
 	old := b.size
 	switch {
 	case n == old && b.coveredLocked():
@@ -379,12 +421,12 @@ func (b *Buffer) resizeLocked(n uint64) error {
 		if err := b.f.Truncate(n); err != nil {
 			return err
 		}
-		if err := b.registerLocked(n, b.dom, b.access); err != nil {
+		if err := b.registerLocked(ctx, n, b.dom, b.access); err != nil {
 			b.undoTruncate(old)
 			return err
 		}
 	default:
-		if err := b.registerLocked(n, b.dom, b.access); err != nil {
+		if err := b.registerLocked(ctx, n, b.dom, b.access); err != nil {
 			return err
 		}
 		// Only now, with nothing of ours past n, cut the file.
@@ -418,13 +460,13 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 		return fmt.Errorf("set access: %w", b.gone)
 	}
 	err := b.syncedLocked(func() error {
-		if b.mr == nil {
+		if b.regs == nil {
 			return nil // stored for the next registration
 		}
-		// Register anew, then deregister the old region (never
+		// Register anew, then deregister the old regions (never
 		// ibv_rereg_mr, see verbs.MR): the old keys die, and a failure
 		// changes nothing.
-		return b.registerLocked(b.mr.Length(), b.dom, a)
+		return b.registerLocked(context.Background(), b.regs.length(), b.dom, a)
 	})
 	if err != nil {
 		return fmt.Errorf("set access %s: %w", a, err)
@@ -458,10 +500,10 @@ func (b *Buffer) Move(d *Domain) error {
 		return fmt.Errorf("move to pd %d: %w", d.handle, err)
 	}
 	err = b.syncedLocked(func() error {
-		if b.mr == nil {
+		if b.regs == nil {
 			return nil
 		}
-		return b.registerLocked(b.mr.Length(), d, b.access)
+		return b.registerLocked(context.Background(), b.regs.length(), d, b.access)
 	})
 	if err != nil {
 		m.mu.Lock()
@@ -500,10 +542,7 @@ func (b *Buffer) SetOwner(uid uint32) error {
 	if uid == b.owner {
 		return nil
 	}
-	var n uint64
-	if b.mr != nil {
-		n = b.mr.Length()
-	}
+	n := b.regs.length()
 	m := b.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -551,7 +590,7 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	err := b.syncedLocked(func() error {
 		old = b.size
 		if end := uint64(off) + uint64(len(p)); end > old {
-			return b.resizeLocked(end)
+			return b.resizeLocked(context.Background(), end)
 		}
 		return nil
 	})
@@ -561,7 +600,7 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	n, err := b.f.WriteAt(p, off)
 	if err != nil {
 		if b.size != old {
-			if rerr := b.resizeLocked(old); rerr != nil {
+			if rerr := b.resizeLocked(context.Background(), old); rerr != nil {
 				b.m.log.Error("cannot undo a resize after a failed write", "err", rerr)
 			}
 		}
@@ -575,7 +614,8 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 // first, so a limit fails cleanly before anything is allocated. After
 // FALLOC_FL_PUNCH_HOLE the buffer is registered anew (keys change), since
 // the old region pins the pages the hole removed from the file.
-func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
+// ctx stops a big registration as in Resize.
+func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
@@ -585,7 +625,7 @@ func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 	err := b.syncedLocked(func() error {
 		old = b.size
 		if end := off + length; mode&unix.FALLOC_FL_KEEP_SIZE == 0 && end > old {
-			return b.resizeLocked(end)
+			return b.resizeLocked(ctx, end)
 		}
 		return nil
 	})
@@ -594,7 +634,7 @@ func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 	}
 	if err := b.f.Allocate(mode, off, length); err != nil {
 		if b.size != old {
-			if rerr := b.resizeLocked(old); rerr != nil {
+			if rerr := b.resizeLocked(context.Background(), old); rerr != nil {
 				b.m.log.Error("cannot undo a resize after a failed fallocate", "err", rerr)
 			}
 		}
@@ -603,12 +643,12 @@ func (b *Buffer) Allocate(off, length uint64, mode uint32) error {
 	if err := b.syncLocked(); err != nil {
 		return err
 	}
-	if mode&unix.FALLOC_FL_PUNCH_HOLE != 0 && b.mr != nil {
+	if mode&unix.FALLOC_FL_PUNCH_HOLE != 0 && b.regs != nil {
 		// The hole's pages left the file, but the region still pins
 		// them: the device would write where no mapping looks. Register
 		// the range anew, which pins the pages the file holds now (new
 		// keys), then drop the old region.
-		if err := b.registerLocked(b.mr.Length(), b.dom, b.access); err != nil {
+		if err := b.registerLocked(context.Background(), b.regs.length(), b.dom, b.access); err != nil {
 			return fmt.Errorf("re-register after punching a hole: %w", err)
 		}
 	}
@@ -666,26 +706,31 @@ func (f *Fd) Close() {
 // still works. If deregistration fails, nothing is unmapped (the device
 // could still write there) and the error is returned.
 func (b *Buffer) Free() error {
-	_, err := b.free(errFreed)
+	_, _, err := b.free(errFreed)
 	return err
 }
 
-// free is Free; it returns the bytes (whole pages) of the region it
-// deregistered, 0 when there was none.
-func (b *Buffer) free(gone error) (unpinned uint64, err error) {
+// free is Free; it returns the regions it deregistered and their bytes
+// (whole pages).
+func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
-		return 0, fmt.Errorf("free: %w", b.gone)
+		return 0, 0, fmt.Errorf("free: %w", b.gone)
 	}
-	if b.mr != nil {
-		n := b.mr.Length()
-		if err := b.m.deregMR(b.mr, b.owner, true); err != nil {
-			return 0, fmt.Errorf("free: %w", err)
+	for _, r := range b.regs {
+		unpinned += pageRound(r.Length())
+	}
+	nregions = len(b.regs)
+	rest, err := b.m.deregister(b.regs, b.owner, true)
+	if err != nil {
+		for _, r := range rest {
+			unpinned -= pageRound(r.Length())
 		}
-		unpinned = pageRound(n)
-		b.mr = nil
+		b.regs = rest
+		return nregions - len(rest), unpinned, fmt.Errorf("free: %w", err)
 	}
+	b.regs = nil
 	if err := b.mp.unmap(); err != nil {
 		b.m.log.Error("leaking a buffer mapping", "err", err)
 		b.mp = mapping{}
@@ -700,5 +745,5 @@ func (b *Buffer) free(gone error) (unpinned uint64, err error) {
 	b.m.user(b.owner).Buffers--
 	b.m.unuse(b.owner)
 	b.m.mu.Unlock()
-	return unpinned, nil
+	return nregions, unpinned, nil
 }

@@ -2,6 +2,7 @@ package buffer_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -60,7 +61,7 @@ func TestResizeSequence(t *testing.T) {
 	for _, size := range []uint64{10000, 3, 1 << 20, 1<<20 + 1, 5000, 4096, 0, 7000, 100, 0, 0, 64 << 10} {
 		old := b.MR()
 		oldKey, oldGen := b.Info().RKey, b.Info().Generation
-		if err := b.Resize(size); err != nil {
+		if err := b.Resize(context.Background(), size); err != nil {
 			t.Fatalf("Resize(%d): %v", size, err)
 		}
 		state := buffer.Registered
@@ -240,7 +241,7 @@ func TestSyncKeepsRegistrationOnLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	errnoIs(t, b.Sync(), syscall.EFBIG)
-	if err := b.Resize(page); err != nil {
+	if err := b.Resize(context.Background(), page); err != nil {
 		t.Fatalf("Resize out of a partial registration: %v", err)
 	}
 	check(t, e, b, page, buffer.Registered)
@@ -271,7 +272,7 @@ func TestResizeLimitChangesNothing(t *testing.T) {
 		want syscall.Errno
 	}{{3*page + 1, syscall.ENOSPC}, {100 * page, syscall.EFBIG}, {4*page + 1, syscall.EFBIG}} {
 		size := c.size
-		errnoIs(t, b.Resize(size), c.want)
+		errnoIs(t, b.Resize(context.Background(), size), c.want)
 		check(t, e, b, 2*page, buffer.Registered)
 		if b.Info() != before {
 			t.Fatalf("failed Resize changed Info: %+v -> %+v", before, b.Info())
@@ -281,7 +282,7 @@ func TestResizeLimitChangesNothing(t *testing.T) {
 		}
 	}
 	// Exactly at the limit is fine; the net change counts, not the overlap.
-	if err := b.Resize(3 * page); err != nil {
+	if err := b.Resize(context.Background(), 3*page); err != nil {
 		t.Fatalf("Resize to the limit: %v", err)
 	}
 	if err := b.SetAccess(verbs.LocalWrite | verbs.RemoteWrite); err != nil {
@@ -291,7 +292,7 @@ func TestResizeLimitChangesNothing(t *testing.T) {
 	if n := strings.Count(e.log.String(), "raise buffers.max_pinned"); n != 1 {
 		t.Fatalf("max_pinned logged %d times:\n%s", n, e.log.String())
 	}
-	errnoIs(t, other.Resize(2*page), syscall.ENOSPC)
+	errnoIs(t, other.Resize(context.Background(), 2*page), syscall.ENOSPC)
 	clock = clock.Add(61 * time.Second)
 	_, err := e.m.Create(e.d, page, 0)
 	errnoIs(t, err, syscall.ENOSPC)
@@ -301,10 +302,10 @@ func TestResizeLimitChangesNothing(t *testing.T) {
 	if n := strings.Count(e.log.String(), "raise buffers.max_pinned"); n != 2 {
 		t.Fatalf("max_pinned logged %d times:\n%s", n, e.log.String())
 	}
-	if err := b.Resize(page); err != nil {
+	if err := b.Resize(context.Background(), page); err != nil {
 		t.Fatal(err)
 	}
-	if err := other.Resize(2 * page); err != nil {
+	if err := other.Resize(context.Background(), 2*page); err != nil {
 		t.Fatalf("Resize after room was made: %v", err)
 	}
 }
@@ -349,7 +350,7 @@ func TestMaxMR(t *testing.T) {
 	errnoIs(t, err, syscall.EINVAL)
 	before := a.Info()
 	copy(a.Mem(), pattern(page, 2))
-	errnoIs(t, a.Resize(2*page), syscall.EINVAL)
+	errnoIs(t, a.Resize(context.Background(), 2*page), syscall.EINVAL)
 	errnoIs(t, a.SetAccess(verbs.LocalWrite|verbs.RemoteRead), syscall.EINVAL)
 	check(t, e, a, page, buffer.Registered)
 	if a.Info() != before || !bytes.Equal(a.Mem(), pattern(page, 2)) {
@@ -386,7 +387,7 @@ func TestEinvalIsNotAlwaysMaxMR(t *testing.T) {
 	e.dev.mu.Lock()
 	e.dev.failReg = func(uint64, verbs.Access) error { return fmt.Errorf("injected: %w", syscall.EINVAL) }
 	e.dev.mu.Unlock()
-	errnoIs(t, b.Resize(2*page), syscall.EINVAL)
+	errnoIs(t, b.Resize(context.Background(), 2*page), syscall.EINVAL)
 	e.dev.mu.Lock()
 	e.dev.failReg = nil
 	e.dev.mu.Unlock()
@@ -435,7 +436,7 @@ func TestSetAccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	errnoIs(t, z.SetAccess(verbs.MWBind), syscall.EPERM)
-	if err := z.Resize(10); err != nil {
+	if err := z.Resize(context.Background(), 10); err != nil {
 		t.Fatal(err)
 	}
 	if got := z.MR().Access(); got != verbs.LocalWrite|verbs.RemoteAtomic {
@@ -574,10 +575,10 @@ func TestFree(t *testing.T) {
 	}
 	errnoIs(t, b.Free(), syscall.ENOENT)
 	errnoIs(t, b.Sync(), syscall.ENOENT)
-	errnoIs(t, b.Resize(1), syscall.ENOENT)
+	errnoIs(t, b.Resize(context.Background(), 1), syscall.ENOENT)
 	errnoIs(t, b.SetAccess(verbs.LocalWrite), syscall.ENOENT)
 	errnoIs(t, b.Move(e.d), syscall.ENOENT)
-	errnoIs(t, b.Allocate(0, 1, 0), syscall.ENOENT)
+	errnoIs(t, b.Allocate(context.Background(), 0, 1, 0), syscall.ENOENT)
 	_, err := b.ReadAt(make([]byte, 1), 0)
 	errnoIs(t, err, syscall.ENOENT)
 	_, err = b.WriteAt([]byte{1}, 0)
@@ -617,7 +618,7 @@ func TestDeregFailureUndo(t *testing.T) {
 		return nil
 	}
 	e.dev.mu.Unlock()
-	errnoIs(t, b.Resize(5*page), syscall.EIO)
+	errnoIs(t, b.Resize(context.Background(), 5*page), syscall.EIO)
 	e.dev.mu.Lock()
 	e.dev.failDereg = nil
 	e.dev.mu.Unlock()
@@ -661,16 +662,16 @@ func TestReadWriteAllocate(t *testing.T) {
 	errnoIs(t, err, syscall.EFBIG)
 	check(t, e, b, 2*page+5, buffer.Registered)
 
-	if err := b.Allocate(0, 4*page, 0); err != nil {
+	if err := b.Allocate(context.Background(), 0, 4*page, 0); err != nil {
 		t.Fatal(err)
 	}
 	check(t, e, b, 4*page, buffer.Registered)
-	if err := b.Allocate(0, 6*page, unix.FALLOC_FL_KEEP_SIZE); err != nil {
+	if err := b.Allocate(context.Background(), 0, 6*page, unix.FALLOC_FL_KEEP_SIZE); err != nil {
 		t.Fatal(err)
 	}
 	check(t, e, b, 4*page, buffer.Registered)
 	punched := b.MR()
-	if err := b.Allocate(0, page, unix.FALLOC_FL_KEEP_SIZE|unix.FALLOC_FL_PUNCH_HOLE); err != nil {
+	if err := b.Allocate(context.Background(), 0, page, unix.FALLOC_FL_KEEP_SIZE|unix.FALLOC_FL_PUNCH_HOLE); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.Mem()[:6]; !bytes.Equal(got, make([]byte, 6)) {
@@ -681,9 +682,9 @@ func TestReadWriteAllocate(t *testing.T) {
 	}
 	deadMR(t, punched)
 	check(t, e, b, 4*page, buffer.Registered)
-	errnoIs(t, b.Allocate(0, 9*page, 0), syscall.EFBIG)
+	errnoIs(t, b.Allocate(context.Background(), 0, 9*page, 0), syscall.EFBIG)
 	check(t, e, b, 4*page, buffer.Registered)
-	errnoIs(t, b.Allocate(0, page, unix.FALLOC_FL_ZERO_RANGE), syscall.EOPNOTSUPP)
+	errnoIs(t, b.Allocate(context.Background(), 0, page, unix.FALLOC_FL_ZERO_RANGE), syscall.EOPNOTSUPP)
 }
 
 // TestManagerClose tears down buffers in several domains and checks that
@@ -737,7 +738,7 @@ func TestManagerClose(t *testing.T) {
 		if b.File() != nil || b.MappedLen() != 0 {
 			t.Fatal("buffer still has its file after Close")
 		}
-		errnoIs(t, b.Resize(1), syscall.ENODEV)
+		errnoIs(t, b.Resize(context.Background(), 1), syscall.ENODEV)
 		errnoIs(t, b.Free(), syscall.ENODEV)
 	}
 	if st := e.m.Stats(); st.Buffers != 0 || st.PDs != 0 || st.RegisteredBytes != 0 || st.PinnedBytes != 0 || len(st.Users) != 0 {

@@ -1,6 +1,7 @@
 package buffer_test
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -59,7 +60,7 @@ func TestConcurrency(t *testing.T) {
 						own = append(own, nb)
 					}
 				case 1:
-					ok(b.Resize(uint64(r.IntN(8 * page))))
+					ok(b.Resize(context.Background(), uint64(r.IntN(8*page))))
 				case 2:
 					// A client writing past EOF through its own fd.
 					if fd, err := b.Open(); err == nil {
@@ -86,7 +87,7 @@ func TestConcurrency(t *testing.T) {
 					_, err := b.ReadAt(p, int64(r.IntN(4*page)))
 					ok(err)
 				case 8:
-					ok(b.Allocate(uint64(r.IntN(page)), page, 0))
+					ok(b.Allocate(context.Background(), uint64(r.IntN(page)), page, 0))
 				case 9:
 					if len(own) > 0 {
 						i := r.IntN(len(own))
@@ -176,7 +177,7 @@ func TestConcurrentTotals(t *testing.T) {
 				return
 			}
 			for range 100 {
-				if err := b.Resize(uint64(r.IntN(6 * page))); err != nil {
+				if err := b.Resize(context.Background(), uint64(r.IntN(6*page))); err != nil {
 					t.Error(err)
 				}
 				if r.IntN(3) == 0 {
@@ -210,7 +211,7 @@ func TestCloseRacesCreate(t *testing.T) {
 						}
 						return
 					}
-					if err := b.Resize(page); err != nil && !errors.Is(err, syscall.ENODEV) {
+					if err := b.Resize(context.Background(), page); err != nil && !errors.Is(err, syscall.ENODEV) {
 						t.Error(err)
 					}
 				}

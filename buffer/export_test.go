@@ -8,11 +8,21 @@ import (
 	"mrfs/verbs"
 )
 
-// MR is the buffer's current region, nil unless Registered.
+// MR is the first region of the registration, nil unless Registered.
 func (b *Buffer) MR() verbs.MR {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	return b.mr
+	if b.regs == nil {
+		return nil
+	}
+	return b.regs[0]
+}
+
+// MRs are the regions of the registration.
+func (b *Buffer) MRs() []verbs.MR {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.regs
 }
 
 // Mem is the daemon's mapping of the registered bytes, for tests that
@@ -20,10 +30,10 @@ func (b *Buffer) MR() verbs.MR {
 func (b *Buffer) Mem() []byte {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if b.mr == nil {
+	if b.regs == nil {
 		return nil
 	}
-	return unsafe.Slice((*byte)(b.mp.base), b.mr.Length())
+	return unsafe.Slice((*byte)(b.mp.base), b.regs.length())
 }
 
 // MappedLen is the length of the daemon's mapping.
@@ -64,3 +74,15 @@ const (
 	MemoryNear  = memoryNear
 	MemReserve  = memReserve
 )
+
+const PopulateChunk = populateChunk
+
+// PopulateRange is the real population of a chunk.
+var PopulateRange = populateRange
+
+// SetPopulate makes f populate each chunk until restore.
+func SetPopulate(f func(p unsafe.Pointer, n uint64) error) (restore func()) {
+	old := populateRange
+	populateRange = f
+	return func() { populateRange = old }
+}

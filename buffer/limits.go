@@ -29,7 +29,6 @@ const (
 	limitCgroup      limitKind = "memory cgroup"
 	limitMemlock     limitKind = "RLIMIT_MEMLOCK"
 	limitMaxMR       limitKind = "max_mr"
-	limitMaxMRSize   limitKind = "max_mr_size"
 	limitNoFile      limitKind = "RLIMIT_NOFILE"
 	limitMaxMapCount limitKind = "vm.max_map_count"
 )
@@ -79,8 +78,8 @@ const memReserve = 32 << 20
 // place of a region of oldLen bytes, and charges them when so. In order:
 //
 //  1. a size that could never be registered: past the whole budget
-//     (max_pinned) or the device's max_mr_size: EFBIG; past the owner's
-//     whole quota: EDQUOT;
+//     (max_pinned): EFBIG; past the owner's whole quota: EDQUOT (a size
+//     past the device's max_mr_size is registered in several regions);
 //  2. the owner's quota (max_pinned_per_user) with what it holds: EDQUOT;
 //  3. the budget with what is registered now: ENOSPC;
 //  4. the pages the registration would add (those the file does not hold
@@ -101,12 +100,6 @@ func (m *Manager) admit(f store.File, length, oldLen uint64, owner uint32) error
 			fmt.Sprintf("%s is past max_pinned (%s)", bytesize.Format(length), bytesize.Format(budget)),
 			fmt.Sprintf("cannot pin %s: it is more than max_pinned (%s) allows at all; raise buffers.max_pinned in the config", bytesize.Format(length), bytesize.Format(budget)),
 			"value", budget, "request", length)
-	case length > m.attr.MaxMRSize:
-		defer m.mu.Unlock()
-		return m.refuseLocked(limitMaxMRSize, syscall.EFBIG,
-			fmt.Sprintf("%s is past the device's max_mr_size (%s)", bytesize.Format(length), bytesize.Format(m.attr.MaxMRSize)),
-			fmt.Sprintf("cannot register %s: device %s registers at most %s in one region (max_mr_size)", bytesize.Format(length), m.dev.Name(), bytesize.Format(m.attr.MaxMRSize)),
-			"value", m.attr.MaxMRSize, "request", length)
 	case quota > 0 && newP > quota:
 		defer m.mu.Unlock()
 		return m.refuseLocked(limitPerUser, syscall.EDQUOT,

@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"mrfs/internal/bytesize"
 	"mrfs/internal/sysmem"
 	"mrfs/store"
 	"mrfs/verbs"
@@ -185,14 +184,12 @@ func (m *Manager) Close() (Freed, error) {
 	var errs []error
 	for _, b := range bufs {
 		// free waits for a Create still building b (it holds b.mu).
-		unpinned, err := b.free(errClosed)
+		nregions, unpinned, err := b.free(errClosed)
 		if err != nil && !errors.Is(err, errClosed) && !errors.Is(err, errFreed) {
 			errs = append(errs, err)
 		}
-		if unpinned > 0 {
-			freed.Regions++
-			freed.UnpinnedBytes += unpinned
-		}
+		freed.Regions += nregions
+		freed.UnpinnedBytes += unpinned
 	}
 
 	m.mu.Lock()
@@ -262,34 +259,6 @@ var errRaced = fmt.Errorf("file shrank during registration: %w", syscall.EAGAIN)
 // maxRetries bounds the retries after errRaced.
 const maxRetries = 3
 
-// regMR registers [addr, addr+length) of f's mapping in pd for owner,
-// after admission (admit), charging the net change from a current region
-// of oldLen bytes. A device refusal that is a known limit names it,
-// unless the file shrank meanwhile (errRaced).
-func (m *Manager) regMR(f store.File, pd verbs.PD, pdNum uint32, addr uintptr, length, oldLen uint64, owner uint32, a verbs.Access) (verbs.MR, error) {
-	what := fmt.Sprintf("register %s in pd %d", bytesize.Format(length), pdNum)
-	if err := m.admit(f, length, oldLen, owner); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	start := time.Now()
-	mr, err := pd.RegMR(addr, length, a)
-	took := time.Since(start)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err != nil {
-		m.chargeLocked(owner, length, oldLen)
-		if cur, _, serr := f.Stat(); serr == nil && cur < length {
-			err = fmt.Errorf("%w (to %s): %w", errRaced, bytesize.Format(cur), err)
-		} else {
-			err = m.classifyLocked(err, length)
-		}
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	m.regions++
-	m.events.Registered(length, took)
-	return mr, nil
-}
-
 // chargeLocked moves the counters of owner from a region of oldLen bytes
 // to one of newLen (either may be 0). Callers hold m.mu.
 func (m *Manager) chargeLocked(owner uint32, oldLen, newLen uint64) {
@@ -299,21 +268,4 @@ func (m *Manager) chargeLocked(owner uint32, oldLen, newLen uint64) {
 	m.registered = m.registered - oldLen + newLen
 	u.PinnedBytes = u.PinnedBytes - oldP + newP
 	m.unuse(owner)
-}
-
-// deregMR deregisters mr. uncharge says whether its bytes still count:
-// after a replacement the new region's regMR already charged the net
-// change, so the old one's bytes are gone from the totals.
-func (m *Manager) deregMR(mr verbs.MR, owner uint32, uncharge bool) error {
-	if err := mr.Dereg(); err != nil {
-		return fmt.Errorf("deregister %s (lkey 0x%x) in pd %d: %w", bytesize.Format(mr.Length()), mr.LKey(), mr.PD().Handle(), err)
-	}
-	m.mu.Lock()
-	m.regions--
-	if uncharge {
-		m.chargeLocked(owner, mr.Length(), 0)
-	}
-	m.events.Deregistered(mr.Length())
-	m.mu.Unlock()
-	return nil
 }

@@ -1,6 +1,7 @@
 package buffer_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strings"
@@ -89,11 +90,11 @@ func memlockChild(t *testing.T) {
 	copy(b.Mem(), pattern(16<<10, 1))
 	// The kernel counts the new region and the old one while both live,
 	// so 16 KiB -> 32 KiB needs 48 KiB: it fits.
-	if err := b.Resize(32 << 10); err != nil {
+	if err := b.Resize(context.Background(), 32<<10); err != nil {
 		t.Fatal(err)
 	}
 	before := b.Info()
-	errnoIs(t, b.Resize(96<<10), syscall.ENOMEM)
+	errnoIs(t, b.Resize(context.Background(), 96<<10), syscall.ENOMEM)
 	check(t, e, b, 32<<10, buffer.Registered)
 	if b.Info() != before {
 		t.Fatal("failed Resize changed the buffer")
@@ -113,7 +114,7 @@ func memlockChild(t *testing.T) {
 	if n := strings.Count(e.log.String(), "RLIMIT_MEMLOCK is 64 KiB"); n != 1 {
 		t.Fatalf("logged %d times", n)
 	}
-	if err := b.Resize(16 << 10); err != nil {
+	if err := b.Resize(context.Background(), 16<<10); err != nil {
 		t.Fatal(err)
 	}
 	if got := readAll(t, b); string(got) != string(pattern(16<<10, 1)) {

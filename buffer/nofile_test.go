@@ -1,6 +1,7 @@
 package buffer_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -87,7 +88,7 @@ func TestNoFile(t *testing.T) {
 	}
 	// Every buffer still resizes: the daemon's own opens have their reserve.
 	for _, b := range bufs[:50] {
-		if err := b.Resize(8192); err != nil {
+		if err := b.Resize(context.Background(), 8192); err != nil {
 			t.Fatal(err)
 		}
 	}

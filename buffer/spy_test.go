@@ -76,12 +76,15 @@ type spyPD struct {
 func (p *spyPD) RegMR(addr uintptr, length uint64, a verbs.Access) (verbs.MR, error) {
 	s := p.s
 	s.mu.Lock()
-	fail := s.failReg
+	fail, maxSize := s.failReg, s.maxMRSize
 	s.mu.Unlock()
 	if fail != nil {
 		if err := fail(length, a); err != nil {
 			return nil, err
 		}
+	}
+	if maxSize != 0 && length > maxSize {
+		return nil, fmt.Errorf("reg_mr of %d bytes past max_mr_size %d: %w", length, maxSize, syscall.EINVAL)
 	}
 	mr, err := p.PD.RegMR(addr, length, a)
 	if err != nil {

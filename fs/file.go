@@ -117,7 +117,7 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 		if fd := n.orphanFd(f); fd >= 0 {
 			err = unix.Ftruncate(fd, int64(size)) // nothing registered any more
 		} else {
-			err = n.buf.Resize(size)
+			err = n.buf.Resize(ctx, size)
 		}
 		if err != nil {
 			return toErrno(n.fsys.log, "truncate", err)
@@ -134,7 +134,7 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 
 func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_TRUNC != 0 {
-		if err := n.buf.Resize(0); err != nil {
+		if err := n.buf.Resize(ctx, 0); err != nil {
 			return nil, 0, toErrno(n.fsys.log, "open O_TRUNC", err)
 		}
 		n.f.Touch(true)
@@ -171,7 +171,7 @@ func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint
 	if fd := n.orphanFd(f); fd >= 0 {
 		err = unix.Fallocate(fd, mode, int64(off), int64(size)) // nothing registered any more
 	} else {
-		err = n.buf.Allocate(off, size, mode)
+		err = n.buf.Allocate(ctx, off, size, mode)
 	}
 	if err != nil {
 		return toErrno(n.fsys.log, "fallocate", err)

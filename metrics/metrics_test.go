@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -34,7 +35,7 @@ func TestScrape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Resize(2 << 20); err == nil {
+	if err := b.Resize(context.Background(), 2<<20); err == nil {
 		t.Fatal("a resize past max_pinned succeeded")
 	}
 	m.Admitted()
