@@ -72,6 +72,19 @@ type desc struct {
 	// all `mrfs status` reads of a registered file.
 	PD    uint32 `json:"pd"`
 	State string `json:"state"`
+	// Regions are the memory regions of the registration, in order: one,
+	// or several when the buffer is larger than the device's max_mr_size.
+	// The keys above are the first's; a peer uses the region that holds
+	// the address it reaches for.
+	Regions []descRegion `json:"regions"`
+}
+
+// descRegion is one memory region, in the formats of the xattrs.
+type descRegion struct {
+	Addr   string `json:"addr"`
+	Length string `json:"length"`
+	LKey   string `json:"lkey"`
+	RKey   string `json:"rkey"`
 }
 
 // fileXattr returns the value of a file attribute. Keys, address and desc
@@ -82,7 +95,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 		return nil, syscall.ENODATA
 	}
 	n.sync()
-	info := n.buf.Info()
+	info, regs := n.buf.Regions()
 	registered := info.State == buffer.Registered
 	switch name {
 	case xattrLKey, xattrRKey, xattrAddr, xattrDesc:
@@ -97,7 +110,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrRKey:
 		v = hex32(info.RKey)
 	case xattrAddr:
-		v = "0x" + strconv.FormatUint(uint64(info.Addr), 16)
+		v = hexAddr(info.Addr)
 	case xattrLength:
 		v = strconv.FormatUint(info.Length, 10)
 	case xattrAccess:
@@ -113,7 +126,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrDesc:
 		b, _ := json.Marshal(desc{
 			Device:     n.fsys.mgr.Device().Name(),
-			Addr:       "0x" + strconv.FormatUint(uint64(info.Addr), 16),
+			Addr:       hexAddr(info.Addr),
 			Length:     strconv.FormatUint(info.Length, 10),
 			LKey:       hex32(info.LKey),
 			RKey:       hex32(info.RKey),
@@ -122,6 +135,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 			Generation: info.Generation,
 			PD:         info.PD,
 			State:      stateString(info),
+			Regions:    descRegions(regs),
 		})
 		return b, 0
 	default:
@@ -136,6 +150,10 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 // "registered <length> of <size> bytes: <reason>".
 func stateString(info buffer.Info) string {
 	switch {
+	case info.Progress.Total > 0:
+		return fmt.Sprintf("registering %d/%d", info.Progress.Done, info.Progress.Total)
+	case info.State == buffer.Registered && info.Length == info.Size && info.Regions > 1:
+		return fmt.Sprintf("registered in %d regions", info.Regions)
 	case info.State == buffer.Registered && info.Length == info.Size:
 		return "registered"
 	case info.State == buffer.Registered:
@@ -145,6 +163,16 @@ func stateString(info buffer.Info) string {
 	default:
 		return "unregistered: " + info.Reason
 	}
+}
+
+func hexAddr(a uintptr) string { return "0x" + strconv.FormatUint(uint64(a), 16) }
+
+func descRegions(rs []buffer.Region) []descRegion {
+	out := make([]descRegion, len(rs))
+	for i, r := range rs {
+		out[i] = descRegion{Addr: hexAddr(r.Addr), Length: strconv.FormatUint(r.Length, 10), LKey: hex32(r.LKey), RKey: hex32(r.RKey)}
+	}
+	return out
 }
 
 func boolString(b bool) string {

@@ -35,6 +35,8 @@ func commands() []command {
 			summary: "Unmount an mrfs mount and wait until its daemon has torn down; also clears the mount of a daemon that was killed."},
 		{name: "status", args: "MOUNTPOINT", run: func(a []string, o, _ io.Writer) error { return cmdStatus(a, o) },
 			summary: "Print the buffers of a mount with their keys and access, the totals and the limits."},
+		{name: "alloc", args: "SIZE FILE", run: cmdAlloc,
+			summary: "Create FILE on an mrfs mount, or resize it, to SIZE bytes (64MiB, 8GiB, ...) and wait until it is registered, showing the progress; Ctrl-C stops the registration and leaves FILE as it was."},
 		{name: "devices", run: func(a []string, o, _ io.Writer) error { return cmdDevices(a, o) },
 			summary: "List the devices of the chosen verbs backend with their limits (max_mr and others)."},
 		{name: "remote", ops: []string{"read", "write", "cas", "fadd"}, run: func(a []string, o, _ io.Writer) error { return cmdRemote(a, o) },

@@ -58,7 +58,9 @@ func text(s string) string {
 	var lines []string
 	line := ""
 	for _, w := range strings.Fields(s) {
-		if line != "" && len(line)+1+len(w) > 78 {
+		// Measured as written out, escapes and all (mandoc wants lines
+		// of at most 80 bytes).
+		if line != "" && len(roff(line))+1+len(roff(w)) > 78 {
 			lines = append(lines, line)
 			line = ""
 		}
@@ -97,7 +99,8 @@ func manPage(w io.Writer) {
 		words := splitOptions(synopsis(c))
 		p(".HP")
 		if len(words) > 2 {
-			p("%s %s", bold("mrfs "+c.name), text(strings.Join(words[2:], " ")))
+			p("%s", bold("mrfs "+c.name))
+			p("%s", text(strings.Join(words[2:], " ")))
 		} else {
 			p("%s", bold("mrfs "+c.name))
 		}

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"mrfs/buffer"
 	"mrfs/fs"
@@ -102,8 +103,11 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		Allowed:          cfg.Buffers.AllowedAccess,
 		// The daemon's own descriptors beyond clients' opens: the store's
 		// transient opens, the FUSE device, remote peers' sockets.
-		FdReserve: 128 + cfg.Remote.MaxConnections,
-		Events:    mx.bufferEvents(),
+		FdReserve:         128 + cfg.Remote.MaxConnections,
+		Events:            mx.bufferEvents(),
+		PopulateThreshold: uint64(cfg.Buffers.PopulateThreshold),
+		PopulateWorkers:   cfg.Buffers.PopulateWorkers,
+		ChunkDelay:        chunkDelay(log),
 	}, log)
 	mx.watch(mgr)
 	// The root belongs to whoever mounts (a non-root user's own mount).
@@ -206,6 +210,25 @@ func freedAttrs(f buffer.Freed) []any {
 // close, or the exit, the kernel would have released whatever mrfs left
 // registered, and that would hide the leak.
 const pauseEnv = "MRFS_TEST_PAUSE_AFTER_TEARDOWN"
+
+// chunkDelayEnv is a test hook: a duration to pause after each chunk a big
+// registration populates, so that tests can watch its progress and
+// interrupt it. Logged at warn: it slows every big registration.
+const chunkDelayEnv = "MRFS_TEST_CHUNK_DELAY"
+
+func chunkDelay(log *slog.Logger) time.Duration {
+	v := os.Getenv(chunkDelayEnv)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		log.Warn("ignoring a test hook that is not a duration", "hook", chunkDelayEnv, "value", v)
+		return 0
+	}
+	log.Warn("test hook: big registrations pause after each chunk", "hook", chunkDelayEnv, "delay", d)
+	return d
+}
 
 func pauseAfterTeardown(sigs <-chan os.Signal, freed buffer.Freed, log *slog.Logger) {
 	if os.Getenv(pauseEnv) != "1" {

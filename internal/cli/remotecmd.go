@@ -2,12 +2,15 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"mrfs/remote"
@@ -78,6 +81,8 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	pd := f.String("pd", "", "directory of the peer's mount whose PD to join; / is its root")
 	addrS := f.String("addr", "", "remote address (user.mrfs.addr)")
 	rkeyS := f.String("rkey", "", "remote key (user.mrfs.rkey)")
+	descS := f.String("desc", "", "the buffer's user.mrfs.desc (JSON, or @FILE): its regions give each part of the range its key, so a range may span regions; replaces --addr and --rkey")
+	offsetS := f.String("offset", "", "with --desc: where in the buffer to start (default 0)")
 	lengthS := f.String("length", "", "bytes to read; for write, send only the first N bytes of stdin")
 	compareS := f.String("compare", "", "cas: the value expected")
 	swapS := f.String("swap", "", "cas: the value to store")
@@ -106,13 +111,37 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	if *pd == "" {
 		return usageError("remote %s: --pd is required (a directory of the peer's mount, / for its root)", op)
 	}
-	addr, _, err := num("addr", *addrS, 64, true)
-	if err != nil {
-		return err
-	}
-	rkey, _, err := num("rkey", *rkeyS, 32, true)
-	if err != nil {
-		return err
+	var regions []remote.Region
+	var addr, rkey uint64
+	var err error
+	if *descS != "" {
+		if *addrS != "" || *rkeyS != "" {
+			return usageError("remote %s: --desc replaces --addr and --rkey; give one or the other", op)
+		}
+		var base uint64
+		if base, regions, err = parseDesc(*descS); err != nil {
+			return usageError("remote %s: --desc: %v", op, err)
+		}
+		off, _, err := num("offset", *offsetS, 64, false)
+		if err != nil {
+			return err
+		}
+		addr = base + off
+		r, err := remote.RegionAt(regions, addr)
+		if err != nil {
+			return usageError("remote %s: --offset %d: %v", op, off, err)
+		}
+		rkey = uint64(r.RKey)
+	} else {
+		if *offsetS != "" {
+			return usageError("remote %s: --offset needs --desc", op)
+		}
+		if addr, _, err = num("addr", *addrS, 64, true); err != nil {
+			return err
+		}
+		if rkey, _, err = num("rkey", *rkeyS, 32, true); err != nil {
+			return err
+		}
 	}
 	length, haveLength, err := num("length", *lengthS, 32, op == "read")
 	if err != nil {
@@ -152,7 +181,12 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	switch op {
 	case "read":
 		buf := make([]byte, length)
-		if err = c.Read(buf, addr, uint32(rkey)); err == nil {
+		if regions != nil {
+			err = remote.ReadSpan(c, buf, addr, regions)
+		} else {
+			err = c.Read(buf, addr, uint32(rkey))
+		}
+		if err == nil {
 			_, err = stdout.Write(buf)
 		}
 	case "write":
@@ -160,6 +194,9 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 		// Read one byte past the path's limit: more is a local length
 		// error, which the client reports without sending.
 		limit := int64(c.MaxMessage()) + 1
+		if regions != nil {
+			limit = math.MaxInt64 // split into as many WRITEs as it takes
+		}
 		if haveLength {
 			limit = int64(length)
 		}
@@ -170,7 +207,11 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 		if haveLength && uint64(len(data)) < length {
 			return fmt.Errorf("remote write: --length %d but stdin had only %d bytes", length, len(data))
 		}
-		err = c.Write(addr, uint32(rkey), data)
+		if regions != nil {
+			err = remote.WriteSpan(c, addr, regions, data)
+		} else {
+			err = c.Write(addr, uint32(rkey), data)
+		}
 	case "cas":
 		old, err = c.CompareSwap(addr, uint32(rkey), a, b)
 	case "fadd":
@@ -187,4 +228,42 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 		fmt.Fprintf(stdout, "0x%x\n", old)
 	}
 	return nil
+}
+
+// parseDesc reads a user.mrfs.desc, literal or @FILE, for the buffer's
+// address and its regions.
+func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
+	data := []byte(s)
+	if name, ok := strings.CutPrefix(s, "@"); ok {
+		if data, err = os.ReadFile(name); err != nil {
+			return 0, nil, err
+		}
+	}
+	var d struct {
+		Addr    string `json:"addr"`
+		Regions []struct {
+			Addr   string `json:"addr"`
+			Length string `json:"length"`
+			RKey   string `json:"rkey"`
+		} `json:"regions"`
+	}
+	if err := json.Unmarshal(data, &d); err != nil {
+		return 0, nil, fmt.Errorf("not a desc: %w", err)
+	}
+	if len(d.Regions) == 0 {
+		return 0, nil, errors.New("it lists no regions")
+	}
+	if addr, err = strconv.ParseUint(d.Addr, 0, 64); err != nil {
+		return 0, nil, fmt.Errorf("addr %q: %w", d.Addr, err)
+	}
+	for i, r := range d.Regions {
+		a, err1 := strconv.ParseUint(r.Addr, 0, 64)
+		n, err2 := strconv.ParseUint(r.Length, 0, 64)
+		k, err3 := strconv.ParseUint(r.RKey, 0, 32)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return 0, nil, fmt.Errorf("region %d: %w", i, err)
+		}
+		regions = append(regions, remote.Region{Addr: a, Length: n, RKey: uint32(k)})
+	}
+	return addr, regions, nil
 }

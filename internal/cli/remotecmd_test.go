@@ -21,6 +21,9 @@ type fakeRemote struct {
 
 const fakeIOVA, fakeRKey = 0x1000, 0x1234
 
+// fakeDesc is a desc of the fake's region.
+const fakeDesc = `{"addr":"0x1000","regions":[{"addr":"0x1000","length":"4096","lkey":"0x1234","rkey":"0x1234"}]}`
+
 func installFakeRemote(t *testing.T) *fakeRemote {
 	t.Helper()
 	f := &fakeRemote{mem: make([]byte, 4096)}
@@ -133,6 +136,12 @@ func TestRemoteUsageErrors(t *testing.T) {
 		{append([]string{"write"}, with("--timeout", "soon")...), "invalid value"},
 		{append([]string{"write"}, with("--bogus")...), "flag provided but not defined: -bogus"},
 		{append([]string{"write"}, with("extra")...), "want 0 argument(s), got 1"},
+		{append([]string{"write"}, with("--desc", fakeDesc)...), "--desc replaces --addr and --rkey"},
+		{append([]string{"write"}, with("--offset", "8")...), "--offset needs --desc"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", "{}"}, "--desc: it lists no regions"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", "not json"}, "--desc: not a desc"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", "@/nonexistent/desc"}, "no such file"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", fakeDesc, "--offset", "4096"}, "--offset 4096: address 0x2000 is in no region"},
 	} {
 		args := append([]string{"remote"}, tc.args...)
 		code, stdout, stderr := runCLI(args...)

@@ -28,6 +28,10 @@ type Verbs struct {
 	// small devices in tests; 0 keeps the soft device's own default (rxe's
 	// 524287). Not part of DESIGN.md's table; the rdma backend refuses it.
 	SoftMaxMR int
+	// SoftMaxMRSize (verbs.soft_max_mr_size) caps the soft device's region
+	// size, to model devices that register at most so much in one region
+	// (buffers past it take several); 0: none. The rdma backend refuses it.
+	SoftMaxMRSize Size
 }
 
 // Buffers is the [buffers] table: what new files get and the limits.
@@ -44,6 +48,12 @@ type Buffers struct {
 	MaxPinnedPerUser Size
 	// HugePages (buffers.huge_pages) is the store's huge= policy.
 	HugePages string
+	// PopulateThreshold (buffers.populate_threshold): registrations of at
+	// least this many bytes have their new pages populated by
+	// PopulateWorkers (buffers.populate_workers; 0: GOMAXPROCS) first;
+	// 0: never.
+	PopulateThreshold Size
+	PopulateWorkers   int
 }
 
 // The values of buffers.huge_pages (tmpfs's huge=).
@@ -128,6 +138,8 @@ func Default() Config {
 			MaxBuffers:    65536,
 			MaxPinned:     Budget{Percent: 50}, // of the memory the daemon may use, as tmpfs's default
 			HugePages:     "within_size",
+			// Below this, one thread pins as fast as workers populate.
+			PopulateThreshold: 64 << 20,
 		},
 		Mount: Mount{ZeroCopy: true, Umask: 0o077},
 		Log:   Log{Level: slog.LevelInfo, Format: FormatText, Output: OutputStderr},

@@ -122,6 +122,7 @@ func TestValues(t *testing.T) {
 backend = "soft"
 device = "soft0"
 soft_max_mr = 16
+soft_max_mr_size = "1GiB"
 
 [buffers]
 default_size = "64KiB"
@@ -131,6 +132,8 @@ max_buffers = 10
 max_pinned = "1GiB"
 max_pinned_per_user = "256MiB"
 huge_pages = "always"
+populate_threshold = "256MiB"
+populate_workers = 3
 
 [mount]
 allow_other = true
@@ -153,15 +156,17 @@ timeout = "1500ms"
 listen = "127.0.0.1:9471"
 `)
 	want := Config{
-		Verbs: Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16},
+		Verbs: Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16, SoftMaxMRSize: 1 << 30},
 		Buffers: Buffers{
-			DefaultSize:      65536,
-			DefaultAccess:    verbs.LocalWrite | verbs.RemoteRead,
-			AllowedAccess:    verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic,
-			MaxBuffers:       10,
-			MaxPinned:        Budget{Bytes: 1 << 30},
-			MaxPinnedPerUser: 256 << 20,
-			HugePages:        "always",
+			DefaultSize:       65536,
+			DefaultAccess:     verbs.LocalWrite | verbs.RemoteRead,
+			AllowedAccess:     verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic,
+			MaxBuffers:        10,
+			MaxPinned:         Budget{Bytes: 1 << 30},
+			MaxPinnedPerUser:  256 << 20,
+			HugePages:         "always",
+			PopulateThreshold: 256 << 20,
+			PopulateWorkers:   3,
 		},
 		Mount: Mount{AllowOther: true, ZeroCopy: false, Umask: 0o022},
 		Log:   Log{Level: slog.LevelDebug, Format: "json", Output: "/var/log/mrfs.log"},
@@ -267,6 +272,11 @@ func TestValidation(t *testing.T) {
 	wantErr(t, "verbs.soft_max_mr = 16777216", "verbs.soft_max_mr", "16777216")
 	wantErr(t, "[verbs]\nbackend = \"rdma\"\nsoft_max_mr = 8", "verbs.soft_max_mr", "soft backend")
 	mustParse(t, "[verbs]\nbackend = \"auto\"\nsoft_max_mr = 8")
+	wantErr(t, "verbs.soft_max_mr_size = 100", "verbs.soft_max_mr_size", "less than a page")
+	wantErr(t, "[verbs]\nbackend = \"rdma\"\nsoft_max_mr_size = \"1GiB\"", "verbs.soft_max_mr_size", "soft backend")
+	wantErr(t, "buffers.populate_workers = -1", "buffers.populate_workers", "-1")
+	wantErr(t, "buffers.populate_workers = 257", "buffers.populate_workers", "257")
+	mustParse(t, "buffers.populate_workers = 256\nbuffers.populate_threshold = 0")
 
 	wantErr(t, `buffers.default_access = ["local_write", "remote_reed"]`, "buffers.default_access", "remote_reed", "local_write, remote_write")
 	wantErr(t, `buffers.allowed_access = ["bogus"]`, "buffers.allowed_access", "bogus")

@@ -22,18 +22,21 @@ import (
 // is not the Go type's (access lists, the umask string, the level name).
 type file struct {
 	Verbs struct {
-		Backend   string `toml:"backend"`
-		Device    string `toml:"device"`
-		SoftMaxMR int    `toml:"soft_max_mr"`
+		Backend       string `toml:"backend"`
+		Device        string `toml:"device"`
+		SoftMaxMR     int    `toml:"soft_max_mr"`
+		SoftMaxMRSize Size   `toml:"soft_max_mr_size"`
 	} `toml:"verbs"`
 	Buffers struct {
-		DefaultSize      Size       `toml:"default_size"`
-		DefaultAccess    accessList `toml:"default_access"`
-		AllowedAccess    accessList `toml:"allowed_access"`
-		MaxBuffers       int        `toml:"max_buffers"`
-		MaxPinned        Budget     `toml:"max_pinned"`
-		MaxPinnedPerUser Size       `toml:"max_pinned_per_user"`
-		HugePages        string     `toml:"huge_pages"`
+		DefaultSize       Size       `toml:"default_size"`
+		DefaultAccess     accessList `toml:"default_access"`
+		AllowedAccess     accessList `toml:"allowed_access"`
+		MaxBuffers        int        `toml:"max_buffers"`
+		MaxPinned         Budget     `toml:"max_pinned"`
+		MaxPinnedPerUser  Size       `toml:"max_pinned_per_user"`
+		HugePages         string     `toml:"huge_pages"`
+		PopulateThreshold Size       `toml:"populate_threshold"`
+		PopulateWorkers   int        `toml:"populate_workers"`
 	} `toml:"buffers"`
 	Mount struct {
 		AllowOther bool      `toml:"allow_other"`
@@ -63,6 +66,8 @@ func decode(data []byte) (Config, error) { return decodeOnto(Default(), data) }
 func decodeOnto(d Config, data []byte) (Config, error) {
 	var f file
 	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
+	f.Verbs.SoftMaxMRSize = d.Verbs.SoftMaxMRSize
+	f.Buffers.PopulateThreshold, f.Buffers.PopulateWorkers = d.Buffers.PopulateThreshold, d.Buffers.PopulateWorkers
 	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
 	f.Buffers.DefaultAccess, f.Buffers.AllowedAccess = accessList(d.Buffers.DefaultAccess), accessList(d.Buffers.AllowedAccess)
 	f.Buffers.MaxPinnedPerUser, f.Buffers.HugePages = d.Buffers.MaxPinnedPerUser, d.Buffers.HugePages
@@ -82,15 +87,17 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	}
 	level, _ := parseLevel(string(f.Log.Level)) // checked by UnmarshalTOML
 	return Config{
-		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, SoftMaxMR: f.Verbs.SoftMaxMR},
+		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, SoftMaxMR: f.Verbs.SoftMaxMR, SoftMaxMRSize: f.Verbs.SoftMaxMRSize},
 		Buffers: Buffers{
-			DefaultSize:      f.Buffers.DefaultSize,
-			DefaultAccess:    verbs.Access(f.Buffers.DefaultAccess),
-			AllowedAccess:    verbs.Access(f.Buffers.AllowedAccess),
-			MaxBuffers:       f.Buffers.MaxBuffers,
-			MaxPinned:        f.Buffers.MaxPinned,
-			MaxPinnedPerUser: f.Buffers.MaxPinnedPerUser,
-			HugePages:        f.Buffers.HugePages,
+			DefaultSize:       f.Buffers.DefaultSize,
+			DefaultAccess:     verbs.Access(f.Buffers.DefaultAccess),
+			AllowedAccess:     verbs.Access(f.Buffers.AllowedAccess),
+			MaxBuffers:        f.Buffers.MaxBuffers,
+			MaxPinned:         f.Buffers.MaxPinned,
+			MaxPinnedPerUser:  f.Buffers.MaxPinnedPerUser,
+			HugePages:         f.Buffers.HugePages,
+			PopulateThreshold: f.Buffers.PopulateThreshold,
+			PopulateWorkers:   f.Buffers.PopulateWorkers,
 		},
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
 		Log:   Log{Level: level, Format: f.Log.Format, Output: f.Log.Output},

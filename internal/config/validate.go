@@ -17,6 +17,10 @@ import (
 // region index in its upper 24 bits (index<<8 | random byte, as rxe).
 const maxSoftMR = 1<<24 - 1
 
+// maxPopulateWorkers bounds buffers.populate_workers: more threads than
+// this only contend for the same page allocator.
+const maxPopulateWorkers = 256
+
 // Validate checks the values, all of them, and joins one *Error per
 // problem. Load and Parse call it; call it again after changing a Config
 // (e.g. applying --backend), since command-line values are config too.
@@ -38,6 +42,12 @@ func (c Config) Validate() error {
 		// A real device's max_mr is the hardware's; a cap that silently does
 		// nothing would mislead.
 		bad("verbs.soft_max_mr", "%d is set but the backend is rdma; it applies only to the soft backend (remove it or set it to 0)", c.Verbs.SoftMaxMR)
+	}
+	switch sz := c.Verbs.SoftMaxMRSize; {
+	case sz != 0 && sz < 4096:
+		bad("verbs.soft_max_mr_size", "%s is less than a page; use 0 (none) or at least 4096", sz)
+	case sz != 0 && c.Verbs.Backend == BackendRDMA:
+		bad("verbs.soft_max_mr_size", "%s is set but the backend is rdma; it applies only to the soft backend (remove it or set it to 0)", sz)
 	}
 
 	b := c.Buffers
@@ -66,6 +76,9 @@ func (c Config) Validate() error {
 	}
 	if b.MaxPinnedPerUser != 0 && b.DefaultSize > b.MaxPinnedPerUser {
 		bad("buffers.default_size", "%s is more than buffers.max_pinned_per_user (%s), so no file could be created", b.DefaultSize, b.MaxPinnedPerUser)
+	}
+	if b.PopulateWorkers < 0 || b.PopulateWorkers > maxPopulateWorkers {
+		bad("buffers.populate_workers", "%d is out of range; use 0 (one per CPU the daemon may use) to %d", b.PopulateWorkers, maxPopulateWorkers)
 	}
 	if !slices.Contains(hugePolicies, b.HugePages) {
 		bad("buffers.huge_pages", "%q is not a policy; use never, within_size, always or advise", b.HugePages)

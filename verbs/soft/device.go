@@ -34,11 +34,15 @@ type device struct {
 }
 
 func newDevice(opt Options) *device {
+	maxMRSize := opt.MaxMRSize
+	if maxMRSize == 0 {
+		maxMRSize = ^uint64(0)
+	}
 	return &device{
 		name: opt.DeviceName,
 		attr: verbs.DeviceAttr{
 			MaxMR:       opt.MaxMR,
-			MaxMRSize:   ^uint64(0),
+			MaxMRSize:   maxMRSize,
 			PageSizeCap: 0xFFFFF000,
 			MaxPD:       rxeMaxPD,
 			Access:      deviceAccess,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"mrfs/internal/bytesize"
 	"mrfs/verbs"
 )
 
@@ -58,6 +59,10 @@ func (d *device) register(p *pd, addr uintptr, length uint64, access verbs.Acces
 	if extra := access &^ d.attr.Access; extra != 0 {
 		d.mu.Unlock()
 		return nil, fmt.Errorf("device %s does not support access %s: %w", d.name, extra, syscall.EOPNOTSUPP)
+	}
+	if length > d.attr.MaxMRSize {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("%s is past max_mr_size (%s) of %s: %w", bytesize.Format(length), bytesize.Format(d.attr.MaxMRSize), d.name, syscall.EINVAL)
 	}
 	idx, ok := d.allocIndex()
 	if !ok {

@@ -34,6 +34,9 @@ import (
 type Options struct {
 	DeviceName string // "" -> "soft0"
 	MaxMR      int    // 0 -> 524287 (rxe's max_mr); capped at 1<<24-1, the keys' index range
+	// MaxMRSize caps a region's length (EINVAL past it), as devices do
+	// that register at most so much at once; 0: rxe's, no limit.
+	MaxMRSize uint64
 }
 
 // Limits of rxe (rxe_param.h) that the model copies.

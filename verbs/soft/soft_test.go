@@ -24,6 +24,7 @@ func TestConformance(t *testing.T) {
 		{"maxmr64", Options{MaxMR: 64}},
 		{"maxmr16", Options{MaxMR: 16, DeviceName: "soft7"}},
 		{"maxmr1", Options{MaxMR: 1}},
+		{"maxmrsize", Options{MaxMRSize: 64 << 10}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			verbstest.Run(t, func(t *testing.T) verbs.Provider { return New(c.opt) })

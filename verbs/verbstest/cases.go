@@ -60,6 +60,7 @@ var cases = []testCase{
 	{"Attr", testAttr},
 	{"PD", testPD},
 	{"RegDereg", testRegDereg},
+	{"MaxMRSize", testMaxMRSize},
 	{"RegUnaligned", testRegUnaligned},
 	{"AccessValid", testAccessValid},
 	{"AccessInvalid", testAccessInvalid},
@@ -190,6 +191,23 @@ func testRegDereg(t *testing.T, e *env) {
 	if err := mr.Dereg(); err != nil {
 		t.Fatalf("Dereg: %v", err)
 	}
+}
+
+// A region of max_mr_size bytes registers; one byte more is EINVAL.
+// Only a device with a small limit is tested (rxe has none).
+func testMaxMRSize(t *testing.T, e *env) {
+	e.open()
+	max := e.attr.MaxMRSize
+	if max > 64<<20 {
+		t.Skipf("max_mr_size is %d: too big to register past here", max)
+	}
+	addr, _ := Map(t, int(max)+page)
+	mr := e.reg(e.pd, addr, max, verbs.LocalWrite)
+	if err := mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.pd.RegMR(addr, max+1, verbs.LocalWrite)
+	WantErrno(t, err, syscall.EINVAL)
 }
 
 // The kernel requires no alignment: it pins the enclosing pages.
