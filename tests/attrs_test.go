@@ -52,7 +52,7 @@ func getxattr(path, name string) (string, error) {
 	}
 }
 
-func mustXattr(t *testing.T, path, name string) string {
+func mustXattr(t testing.TB, path, name string) string {
 	t.Helper()
 	v, err := getxattr(path, name)
 	if err != nil {

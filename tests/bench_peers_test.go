@@ -253,6 +253,9 @@ func BenchmarkPeers(b *testing.B) {
 }
 
 func sizeLabel(n int64) string {
+	if n >= 1<<30 && n%(1<<30) == 0 {
+		return strconv.FormatInt(n>>30, 10) + "GiB"
+	}
 	if n >= 1<<20 {
 		return strconv.FormatInt(n>>20, 10) + "MiB"
 	}

@@ -541,6 +541,8 @@ func printSummary() {
 		switch {
 		case r.goal.control:
 			verdict = "control: no mrfs on either side, ideally 1.00"
+		case r.goal.minRatio == 0 && r.goal.minRate == 0:
+			verdict = "(no goal)"
 		default:
 			met := r.ratio >= r.goal.minRatio
 			verdict = fmt.Sprintf("ratio >= %.2f", r.goal.minRatio)

@@ -86,7 +86,7 @@ func TestTruncatePastMachine(t *testing.T) {
 // memCgroup makes a v1 (or v2) memory cgroup of limit bytes for the
 // daemon, removed at cleanup, and returns the wrapper that starts the
 // daemon inside it.
-func memCgroup(t *testing.T, limit uint64) []string {
+func memCgroup(t testing.TB, limit uint64) []string {
 	t.Helper()
 	var dir, limitFile string
 	switch {
