@@ -173,3 +173,25 @@ func TestUnlinkedOpenFileSeekAllocate(t *testing.T) {
 		})
 	}
 }
+
+// Truncating past what a process can even map (pjdfstest's truncate/12 and
+// ftruncate/12 ask for 999999999999999 bytes, about 909 TiB) is EFBIG, as
+// any size past the budget is, and changes nothing.
+func TestTruncatePastAddressSpace(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	const huge = 999999999999999
+	k := keepBuffer(t, d, "keep", 8192)
+	wantErrno(t, unix.Truncate(k.path, huge), unix.EFBIG, "truncate of a registered file to 909 TiB")
+	fh, err := os.OpenFile(k.path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, fh.Truncate(huge), unix.EFBIG, "ftruncate of a registered file to 909 TiB")
+	fh.Close()
+	k.check(t, d, "truncates to 909 TiB")
+	e := d.path("empty")
+	makeBuffer(t, e, 0)
+	wantErrno(t, unix.Truncate(e, huge), unix.EFBIG, "truncate of an empty file to 909 TiB")
+	requireEmpty(t, e)
+}
