@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -194,4 +195,41 @@ func TestTruncatePastAddressSpace(t *testing.T) {
 	makeBuffer(t, e, 0)
 	wantErrno(t, unix.Truncate(e, huge), unix.EFBIG, "truncate of an empty file to 909 TiB")
 	requireEmpty(t, e)
+}
+
+// A SETATTR's reply carries the inode number: the kernel takes it from
+// every reply, so without it a stat that trusts the cached attributes
+// (a directory's for a second; AT_STATX_DONT_SYNC always) shows inode 0.
+func TestSetattrKeepsInode(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	f, dir := d.path("f"), d.path("d")
+	makeBuffer(t, f, 0)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path, what string
+		setattr    func(string) error
+	}{
+		{dir, "chmod of a directory", func(p string) error { return os.Chmod(p, 0o755) }},
+		{dir, "chown of a directory", func(p string) error { return os.Chown(p, 123, 456) }},
+		{f, "chmod of a file", func(p string) error { return os.Chmod(p, 0o644) }},
+		{f, "truncate of a file", func(p string) error { return os.Truncate(p, 4096) }},
+		{f, "utimes of a file", func(p string) error { return os.Chtimes(p, time.Unix(1, 0), time.Unix(2, 0)) }},
+	} {
+		var before, after unix.Statx_t
+		if err := unix.Statx(unix.AT_FDCWD, c.path, 0, unix.STATX_INO, &before); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.setattr(c.path); err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		if err := unix.Statx(unix.AT_FDCWD, c.path, unix.AT_STATX_DONT_SYNC, unix.STATX_INO, &after); err != nil {
+			t.Fatal(err)
+		}
+		if before.Ino == 0 || after.Ino != before.Ino {
+			t.Errorf("%s: inode %d, then %d", c.what, before.Ino, after.Ino)
+		}
+	}
 }
