@@ -233,3 +233,28 @@ func TestSetattrKeepsInode(t *testing.T) {
 		}
 	}
 }
+
+// The creator's mode keeps the sticky bit (mkdir(2) of a shared directory
+// with 01777, as on tmpfs) and loses set-id bits, masked by mount.umask
+// (077 by default, which covers any process umask).
+func TestCreateModeBits(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	fd, err := unix.Open(d.path("f"), unix.O_CREAT|unix.O_RDWR, 0o7777)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	if err := unix.Mkdir(d.path("shared"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkdir(d.path("setgid"), 0o2777); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint32{"f": 0o1700, "shared": 0o1700, "setgid": 0o700} {
+		var st unix.Stat_t
+		if err := unix.Stat(d.path(name), &st); err != nil || st.Mode&0o7777 != want {
+			t.Errorf("%s: mode %o (%v), want %o", name, st.Mode&0o7777, err, want)
+		}
+	}
+}
