@@ -277,6 +277,9 @@ func (b *Buffer) registerLocked(n uint64, d *Domain, a verbs.Access) error {
 	}
 	reuse := b.mr != nil && n <= oldLen
 	mp := b.mp
+	if err := b.m.tooLarge(n, b.owner); err != nil {
+		return err // before mapping: see tooLarge
+	}
 	if !reuse {
 		p, err := b.f.Map(n)
 		if err != nil {
