@@ -2,6 +2,7 @@ package tests
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,6 +201,7 @@ func TestTruncatePastAddressSpace(t *testing.T) {
 // A SETATTR's reply carries the inode number: the kernel takes it from
 // every reply, so without it a stat that trusts the cached attributes
 // (a directory's for a second; AT_STATX_DONT_SYNC always) shows inode 0.
+// Inode numbers fit 32 bits, as tmpfs's do.
 func TestSetattrKeepsInode(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{})
@@ -230,6 +232,9 @@ func TestSetattrKeepsInode(t *testing.T) {
 		}
 		if before.Ino == 0 || after.Ino != before.Ino {
 			t.Errorf("%s: inode %d, then %d", c.what, before.Ino, after.Ino)
+		}
+		if before.Ino > math.MaxUint32 {
+			t.Errorf("%s: inode %d does not fit a 32-bit stat (EOVERFLOW)", c.path, before.Ino)
 		}
 	}
 }
