@@ -308,6 +308,9 @@ func (b *Buffer) registerLocked(ctx context.Context, n uint64, d *Domain, a verb
 	oldLen := b.regs.length()
 	reuse := b.regs != nil && n <= oldLen
 	mp := b.mp
+	if err := b.m.tooLarge(n, b.owner); err != nil {
+		return err // before mapping: see tooLarge
+	}
 	if !reuse {
 		p, err := b.f.Map(n)
 		if err != nil {

@@ -74,12 +74,36 @@ func (m *Manager) refuse(kind limitKind, err error, reason, advice string, args 
 // make the kernel reclaim or kill.
 const memReserve = 32 << 20
 
+// tooLarge is admission's first step: a size that could never be
+// registered, past the whole budget (max_pinned), is EFBIG (a file past
+// the maximum size); past the owner's whole quota, EDQUOT. (A size past
+// the device's max_mr_size is registered in several regions.) registerLocked asks it before it maps the size:
+// mapping 900 TB fails with ENOMEM, which would name no limit.
+func (m *Manager) tooLarge(length uint64, owner uint32) error {
+	newP := pageRound(length)
+	budget, quota := m.opt.MaxPinned, m.opt.MaxPinnedPerUser
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case budget > 0 && newP > budget:
+		return m.refuseLocked(limitMaxPinned, syscall.EFBIG,
+			fmt.Sprintf("%s is past max_pinned (%s)", bytesize.Format(length), bytesize.Format(budget)),
+			fmt.Sprintf("cannot pin %s: it is more than max_pinned (%s) allows at all; raise buffers.max_pinned in the config", bytesize.Format(length), bytesize.Format(budget)),
+			"value", budget, "request", length)
+	case quota > 0 && newP > quota:
+		return m.refuseLocked(limitPerUser, syscall.EDQUOT,
+			fmt.Sprintf("%s is past max_pinned_per_user (%s)", bytesize.Format(length), bytesize.Format(quota)),
+			fmt.Sprintf("cannot pin %s for uid %d: it is more than max_pinned_per_user (%s) allows; raise buffers.max_pinned_per_user in the config", bytesize.Format(length), owner, bytesize.Format(quota)),
+			"value", quota, "uid", owner, "request", length)
+	}
+	return nil
+}
+
 // admit decides whether length bytes of f may be registered for owner in
 // place of a region of oldLen bytes, and charges them when so. In order:
 //
-//  1. a size that could never be registered: past the whole budget
-//     (max_pinned): EFBIG; past the owner's whole quota: EDQUOT (a size
-//     past the device's max_mr_size is registered in several regions);
+//  1. a size that could never be registered (tooLarge, which the caller
+//     has asked before mapping): EFBIG or EDQUOT;
 //  2. the owner's quota (max_pinned_per_user) with what it holds: EDQUOT;
 //  3. the budget with what is registered now: ENOSPC;
 //  4. the pages the registration would add (those the file does not hold
@@ -93,20 +117,6 @@ func (m *Manager) admit(f store.File, length, oldLen uint64, owner uint32) error
 	newP, oldP := pageRound(length), pageRound(oldLen)
 	budget, quota := m.opt.MaxPinned, m.opt.MaxPinnedPerUser
 	m.mu.Lock()
-	switch {
-	case budget > 0 && newP > budget:
-		defer m.mu.Unlock()
-		return m.refuseLocked(limitMaxPinned, syscall.EFBIG,
-			fmt.Sprintf("%s is past max_pinned (%s)", bytesize.Format(length), bytesize.Format(budget)),
-			fmt.Sprintf("cannot pin %s: it is more than max_pinned (%s) allows at all; raise buffers.max_pinned in the config", bytesize.Format(length), bytesize.Format(budget)),
-			"value", budget, "request", length)
-	case quota > 0 && newP > quota:
-		defer m.mu.Unlock()
-		return m.refuseLocked(limitPerUser, syscall.EDQUOT,
-			fmt.Sprintf("%s is past max_pinned_per_user (%s)", bytesize.Format(length), bytesize.Format(quota)),
-			fmt.Sprintf("cannot pin %s for uid %d: it is more than max_pinned_per_user (%s) allows; raise buffers.max_pinned_per_user in the config", bytesize.Format(length), owner, bytesize.Format(quota)),
-			"value", quota, "uid", owner, "request", length)
-	}
 	if held := m.user(owner).PinnedBytes; quota > 0 && newP > oldP && held-oldP+newP > quota {
 		defer m.mu.Unlock()
 		m.unuse(owner)

@@ -71,7 +71,11 @@ func (n *dirNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.Set
 	if err := n.dir.SetMeta(change(in)); err != nil {
 		return toErrno(n.fsys.log, "setattr", err)
 	}
-	return n.Getattr(ctx, f, out)
+	n.Getattr(ctx, f, out)
+	// The kernel takes the inode number of every reply, and go-fuse fills
+	// it only in GETATTR's: without it stat shows 0 until the next one.
+	out.Ino = n.StableAttr().Ino
+	return 0
 }
 
 // inode is the FUSE inode a tree node keeps in its Aux slot.

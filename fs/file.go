@@ -129,6 +129,9 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 	}
 	n.fillAttr(&out.Attr)
 	n.fillOrphanSize(f, &out.Attr)
+	// The kernel takes the inode number of every reply, and go-fuse fills
+	// it only in GETATTR's: without it stat shows 0 until the next one.
+	out.Ino = n.StableAttr().Ino
 	return 0
 }
 

@@ -52,6 +52,9 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		NullPermissions: true,
 		// A name that is not there stays absent until this mount makes it.
 		NegativeTimeout: &negative,
+		// Inode numbers count up from 2 (the root is 1) rather than from
+		// go-fuse's 2^63, which a 32-bit stat cannot hold (EOVERFLOW).
+		FirstAutomaticIno: 2,
 		// Attribute timeouts of files stay 0 (each reply sets its own).
 		MountOptions: fuse.MountOptions{
 			FsName:      fsName,

@@ -2,11 +2,13 @@ package tests
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -171,5 +173,93 @@ func TestUnlinkedOpenFileSeekAllocate(t *testing.T) {
 				t.Errorf("size %d after ftruncate to 100", fi.Size())
 			}
 		})
+	}
+}
+
+// Truncating past what a process can even map (pjdfstest's truncate/12 and
+// ftruncate/12 ask for 999999999999999 bytes, about 909 TiB) is EFBIG, as
+// any size past the budget is, and changes nothing.
+func TestTruncatePastAddressSpace(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	const huge = 999999999999999
+	k := keepBuffer(t, d, "keep", 8192)
+	wantErrno(t, unix.Truncate(k.path, huge), unix.EFBIG, "truncate of a registered file to 909 TiB")
+	fh, err := os.OpenFile(k.path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, fh.Truncate(huge), unix.EFBIG, "ftruncate of a registered file to 909 TiB")
+	fh.Close()
+	k.check(t, d, "truncates to 909 TiB")
+	e := d.path("empty")
+	makeBuffer(t, e, 0)
+	wantErrno(t, unix.Truncate(e, huge), unix.EFBIG, "truncate of an empty file to 909 TiB")
+	requireEmpty(t, e)
+}
+
+// A SETATTR's reply carries the inode number: the kernel takes it from
+// every reply, so without it a stat that trusts the cached attributes
+// (a directory's for a second; AT_STATX_DONT_SYNC always) shows inode 0.
+// Inode numbers fit 32 bits, as tmpfs's do.
+func TestSetattrKeepsInode(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	f, dir := d.path("f"), d.path("d")
+	makeBuffer(t, f, 0)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path, what string
+		setattr    func(string) error
+	}{
+		{dir, "chmod of a directory", func(p string) error { return os.Chmod(p, 0o755) }},
+		{dir, "chown of a directory", func(p string) error { return os.Chown(p, 123, 456) }},
+		{f, "chmod of a file", func(p string) error { return os.Chmod(p, 0o644) }},
+		{f, "truncate of a file", func(p string) error { return os.Truncate(p, 4096) }},
+		{f, "utimes of a file", func(p string) error { return os.Chtimes(p, time.Unix(1, 0), time.Unix(2, 0)) }},
+	} {
+		var before, after unix.Statx_t
+		if err := unix.Statx(unix.AT_FDCWD, c.path, 0, unix.STATX_INO, &before); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.setattr(c.path); err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		if err := unix.Statx(unix.AT_FDCWD, c.path, unix.AT_STATX_DONT_SYNC, unix.STATX_INO, &after); err != nil {
+			t.Fatal(err)
+		}
+		if before.Ino == 0 || after.Ino != before.Ino {
+			t.Errorf("%s: inode %d, then %d", c.what, before.Ino, after.Ino)
+		}
+		if before.Ino > math.MaxUint32 {
+			t.Errorf("%s: inode %d does not fit a 32-bit stat (EOVERFLOW)", c.path, before.Ino)
+		}
+	}
+}
+
+// The creator's mode keeps the sticky bit (mkdir(2) of a shared directory
+// with 01777, as on tmpfs) and loses set-id bits, masked by mount.umask
+// (077 by default, which covers any process umask).
+func TestCreateModeBits(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	fd, err := unix.Open(d.path("f"), unix.O_CREAT|unix.O_RDWR, 0o7777)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	if err := unix.Mkdir(d.path("shared"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkdir(d.path("setgid"), 0o2777); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint32{"f": 0o1700, "shared": 0o1700, "setgid": 0o700} {
+		var st unix.Stat_t
+		if err := unix.Stat(d.path(name), &st); err != nil || st.Mode&0o7777 != want {
+			t.Errorf("%s: mode %o (%v), want %o", name, st.Mode&0o7777, err, want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -150,6 +151,9 @@ func TestDaemonFlag(t *testing.T) {
 	t.Parallel()
 	m := newBgMount(t, daemonConfig{})
 	cmd := exec.Command(mrfsBin, "mount", "--daemon", "--config", m.cfgPath, m.mnt)
+	// The daemon stays after its teardown until told to go on, so that
+	// `mrfs umount` is seen waiting for it.
+	cmd.Env = append(os.Environ(), "MRFS_TEST_PAUSE_AFTER_TEARDOWN=1")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -194,8 +198,26 @@ func TestDaemonFlag(t *testing.T) {
 		makeBuffer(t, filepath.Join(m.mnt, "b"+strconv.Itoa(i)), 256<<10)
 	}
 
-	if out, errOut, err := run(t, mrfsBin, "umount", m.mnt); err != nil {
-		t.Fatalf("mrfs umount: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	umount := exec.Command(mrfsBin, "umount", m.mnt)
+	var umountOut bytes.Buffer
+	umount.Stdout, umount.Stderr = &umountOut, &umountOut
+	if err := umount.Start(); err != nil {
+		t.Fatal(err)
+	}
+	returned := make(chan error, 1)
+	go func() { returned <- umount.Wait() }()
+	m.waitLog(regexp.MustCompile(`msg="paused after teardown`))
+	// The daemon has torn down but not exited: umount must still wait.
+	select {
+	case err := <-returned:
+		t.Fatalf("mrfs umount returned (%v) while the daemon was still there: %s", err, umountOut.String())
+	case <-time.After(time.Second):
+	}
+	if err := unix.Kill(pid, unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-returned; err != nil {
+		t.Fatalf("mrfs umount: %v\n%s", err, umountOut.String())
 	}
 	// Returned once the daemon exited (a zombie until init reaps it),
 	// not merely once the kernel detached the mount.

@@ -512,8 +512,9 @@ func (t *Tree) Domain(p string) (*buffer.Domain, error) {
 	return d.dom, nil
 }
 
-// perm is the mode a creator gets: permission bits, masked by the umask.
-func (t *Tree) perm(mode uint32) uint32 { return mode & 0o777 &^ t.opt.Umask }
+// perm is the mode a creator gets: permission bits and the sticky bit
+// (as chmod keeps it), masked by the umask; never set-id bits.
+func (t *Tree) perm(mode uint32) uint32 { return mode & 0o1777 &^ t.opt.Umask }
 
 // now is the clock of every time stamp, for tests.
 var now = time.Now

@@ -408,6 +408,18 @@ func TestMeta(t *testing.T) {
 	if m := f.Meta(); m.Mode != 0o755 || m.UID != 3 || m.GID != 4 || !m.Mtime.Equal(clock) {
 		t.Errorf("new file %+v", m)
 	}
+	// The sticky bit is kept at creation, as chmod keeps it.
+	sf, err := root.Create("sticky", tree.Owner{}, 0o7777, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd, err := root.Mkdir("stickydir", tree.Owner{}, 0o1777, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fm, dm := sf.Meta().Mode, sd.Meta().Mode; fm != 0o1755 || dm != 0o1755 {
+		t.Errorf("created with 07777 and 01777: modes %o and %o, want 1755", fm, dm)
+	}
 	clock = time.Unix(2000, 0)
 	mode, uid := uint32(0o7000), uint32(9)
 	if err := f.SetMeta(tree.Change{Mode: &mode, UID: &uid}); err != nil {
