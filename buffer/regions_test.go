@@ -198,6 +198,7 @@ func TestPopulateInParallel(t *testing.T) {
 		select { // the first chunk waits for a second worker
 		case <-both:
 		case <-time.After(10 * time.Second):
+			once.Do(func() { close(both) }) // none came: the rest need not wait
 		}
 		err := buffer.PopulateRange(p, n)
 		running.Add(-1)
@@ -277,7 +278,15 @@ func TestRegistrationProgressAndInterrupt(t *testing.T) {
 	done := make(chan error)
 	go func() { done <- b.Resize(ctx, size) }()
 	<-second
-	in := b.Info()
+	infos := make(chan buffer.Info, 1)
+	go func() { infos <- b.Info() }()
+	var in buffer.Info
+	select {
+	case in = <-infos:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("Info waits for the registration")
+	}
 	if in.Progress != (buffer.Progress{Done: buffer.PopulateChunk, Total: size}) {
 		t.Errorf("progress %+v during the second chunk, want 1 chunk of %d", in.Progress, size)
 	}

@@ -139,9 +139,21 @@ var chunkDelayEnv = []string{"MRFS_TEST_CHUNK_DELAY=150ms"}
 
 var registeringRe = regexp.MustCompile(`^registering ([0-9]+)/([0-9]+)$`)
 
+// started starts cmd and returns a channel closed once it has exited
+// (its Wait done: cmd.ProcessState is set then).
+func started(t *testing.T, cmd *exec.Cmd) <-chan struct{} {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	return exited
+}
+
 // waitRegistering polls f's state until a registration of total bytes is
-// under way, part done.
-func waitRegistering(t *testing.T, f string, total int, proc *exec.Cmd) (done int) {
+// under way, part done, while the command that resizes f runs.
+func waitRegistering(t *testing.T, f string, total int, exited <-chan struct{}) (done int) {
 	t.Helper()
 	deadline := time.Now().Add(cmdTimeout)
 	for time.Now().Before(deadline) {
@@ -155,8 +167,10 @@ func waitRegistering(t *testing.T, f string, total int, proc *exec.Cmd) (done in
 				return d
 			}
 		}
-		if proc.ProcessState != nil {
+		select {
+		case <-exited:
 			t.Fatalf("the resize ended before its progress was seen (state %q)", st)
+		default:
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -173,22 +187,21 @@ func TestRegistrationProgressMounted(t *testing.T) {
 	f := d.path("big")
 	makeBuffer(t, f, 4096)
 	cmd := exec.Command("truncate", "-s", strconv.Itoa(size), f)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	first := waitRegistering(t, f, size, cmd)
+	exited := started(t, cmd)
+	first := waitRegistering(t, f, size, exited)
 	if fi, err := os.Stat(f); err != nil || fi.Size() != 4096 {
 		t.Errorf("stat during the registration: %v, %v; want the size before it", fi, err)
 	}
-	second := waitRegistering(t, f, size, cmd)
+	second := waitRegistering(t, f, size, exited)
 	for second == first {
-		second = waitRegistering(t, f, size, cmd)
+		second = waitRegistering(t, f, size, exited)
 	}
 	if second < first {
 		t.Errorf("progress went back: %d, then %d", first, second)
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("truncate: %v", err)
+	<-exited
+	if !cmd.ProcessState.Success() {
+		t.Fatalf("truncate: %v", cmd.ProcessState)
 	}
 	requireRegistered(t, f, size)
 }
@@ -206,16 +219,14 @@ func TestInterruptedTruncate(t *testing.T) {
 	}
 	before, stats := takeSnapshot(t, d.mnt, f), readStats(t, d.mnt)
 	cmd := exec.Command("truncate", "-s", strconv.Itoa(size), f)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitRegistering(t, f, size, cmd)
+	exited := started(t, cmd)
+	waitRegistering(t, f, size, exited)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	err := cmd.Wait()
+	<-exited
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGINT {
-		t.Fatalf("truncate: %v; want it killed by SIGINT", err)
+		t.Fatalf("truncate: %v; want it killed by SIGINT", cmd.ProcessState)
 	}
 	before.requireSame(t, takeSnapshot(t, d.mnt, f), "an interrupted truncate")
 	if st := readStats(t, d.mnt); st.PinnedBytes != stats.PinnedBytes || st.RegisteredBytes != stats.RegisteredBytes || st.StoreBytes != stats.StoreBytes {
@@ -262,15 +273,14 @@ func TestAllocCommand(t *testing.T) {
 	cmd := exec.Command(mrfsBin, "alloc", "160MiB", g)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitRegistering(t, g, size, cmd)
+	exited := started(t, cmd)
+	waitRegistering(t, g, size, exited)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Wait(); exitCode(err) != 130 || !strings.Contains(stderr.String(), "interrupted; "+g+" is unchanged") {
-		t.Fatalf("mrfs alloc after SIGINT: %v, stderr %q; want exit 130 saying the file is unchanged", err, stderr.String())
+	<-exited
+	if code := cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(stderr.String(), "interrupted; "+g+" is unchanged") {
+		t.Fatalf("mrfs alloc after SIGINT: exit %d, stderr %q; want exit 130 saying the file is unchanged", code, stderr.String())
 	}
 	before.requireSame(t, takeSnapshot(t, d.mnt, g), "an interrupted mrfs alloc")
 	if got, err := os.ReadFile(g); err != nil || !bytes.Equal(got, patternBytes(8192)) {
