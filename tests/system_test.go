@@ -289,6 +289,11 @@ func testStoppedWhileMounting(t *testing.T, sig syscall.Signal) {
 		t.Fatalf("mrfs mount --daemon after %v while mounting: %v (exit %d), stderr %q; want it to pass the signal on", sig, err, code, stderr.String())
 	}
 	m.waitLog(regexp.MustCompile(`msg="teardown complete"`))
+	for _, pid := range m.pids() { // it exits right after
+		for deadline := time.Now().Add(stopTimeout); running(pid) && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	if !strings.Contains(m.log(), `msg="shutting down" signal=terminated`) {
 		t.Errorf("the daemon did not stop on the %v as on SIGTERM:\n%s", sig, m.log())
 	}

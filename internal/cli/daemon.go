@@ -54,28 +54,43 @@ func daemonize(argv []string, stderr io.Writer) error {
 	// terminal too: the child, in its own session, handles only these).
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	done := make(chan struct{})
-	defer func() {
-		signal.Stop(sigs)
-		close(done)
-	}()
 	if err := cmd.Start(); err != nil {
+		signal.Stop(sigs)
 		w.Close()
 		return fmt.Errorf("daemon: start %s: %w", os.Args[0], err)
 	}
 	w.Close()
+	forward := func(s os.Signal) {
+		if s == syscall.SIGHUP {
+			s = syscall.SIGTERM
+		}
+		_ = cmd.Process.Signal(s)
+	}
+	done, forwarded := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(forwarded)
 		for {
 			select {
 			case s := <-sigs:
-				if s == syscall.SIGHUP {
-					s = syscall.SIGTERM
-				}
-				_ = cmd.Process.Signal(s)
+				forward(s)
 			case <-done:
-				return
+				// A signal that came as the child got ready still
+				// reaches it: nothing arrives after signal.Stop.
+				for {
+					select {
+					case s := <-sigs:
+						forward(s)
+					default:
+						return
+					}
+				}
 			}
 		}
+	}()
+	defer func() {
+		signal.Stop(sigs)
+		close(done)
+		<-forwarded
 	}()
 
 	msg, _ := io.ReadAll(r) // until the child is ready or gone
