@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,8 +46,29 @@ type Buffer struct {
 
 	pageSize atomic.Uint64 // PageSize's answer; 0: not learned since the last registration
 	// busy is set, while mu is held, for a registration that takes a
-	// while: Info, Regions and Sync answer from it rather than wait.
+	// while: Info, Regions, PageSize and Sync answer from it rather than
+	// wait (lockOrBusy).
 	busy atomic.Pointer[busy]
+}
+
+// lockOrBusy takes mu, for writing or for reading, unless a long
+// registration is under way: then it takes nothing and returns that
+// registration's busy. The registration holds mu from before it can
+// publish busy, so waiting on mu could mean waiting for all of it
+// (seconds for gigabytes): the lock is only tried, and busy looked at
+// again, with a backoff, until one or the other comes.
+func (b *Buffer) lockOrBusy(write bool) *busy {
+	wait := 20 * time.Microsecond
+	for {
+		if bs := b.busy.Load(); bs != nil {
+			return bs
+		}
+		if write && b.mu.TryLock() || !write && b.mu.TryRLock() {
+			return nil
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, time.Millisecond)
+	}
 }
 
 // busy is a registration under way and what the buffer was before it.
@@ -143,12 +165,11 @@ func (b *Buffer) Info() Info {
 // Regions returns Info and the regions of the registration, from one
 // snapshot.
 func (b *Buffer) Regions() (Info, []Region) {
-	if bs := b.busy.Load(); bs != nil {
+	if bs := b.lockOrBusy(false); bs != nil {
 		in := bs.info
 		in.Progress = Progress{Done: bs.prog.done.Load(), Total: bs.prog.total}
 		return in, bs.regs
 	}
-	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return b.infoLocked(), b.regs.list()
 }
@@ -178,10 +199,9 @@ func (b *Buffer) PageSize() uint64 {
 	if ps := b.pageSize.Load(); ps != 0 {
 		return ps
 	}
-	if b.busy.Load() != nil {
+	if b.lockOrBusy(false) != nil {
 		return 0 // not learned until the registration is done
 	}
-	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.regs == nil {
 		return 0
@@ -224,10 +244,9 @@ func (b *Buffer) coveredLocked() bool {
 // returns the error; every later Sync tries again. During a long
 // registration it returns at once: that one learns the size when done.
 func (b *Buffer) Sync() error {
-	if b.busy.Load() != nil {
+	if b.lockOrBusy(true) != nil {
 		return nil
 	}
-	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return fmt.Errorf("sync: %w", b.gone)

@@ -86,3 +86,20 @@ func SetPopulate(f func(p unsafe.Pointer, n uint64) error) (restore func()) {
 	populateRange = f
 	return func() { populateRange = old }
 }
+
+// HoldLikeRegistration takes b.mu as a registration does, from before it
+// publishes its busy state: publish then publishes one of total bytes,
+// done clears it and lets go of mu.
+func (b *Buffer) HoldLikeRegistration() (publish func(total uint64), done func()) {
+	b.mu.Lock()
+	publish = func(total uint64) {
+		bs := &busy{info: b.infoLocked(), regs: b.regs.list()}
+		bs.prog.total = total
+		b.busy.Store(bs)
+	}
+	done = func() {
+		b.busy.Store(nil)
+		b.mu.Unlock()
+	}
+	return publish, done
+}

@@ -321,3 +321,48 @@ func TestRegistrationProgressAndInterrupt(t *testing.T) {
 		t.Fatalf("population went on after the interruption: %d chunks", calls.Load())
 	}
 }
+
+// A reader that comes after a registration took the buffer's lock, but
+// before it published its progress, answers from the progress once it
+// is published, not when the registration ends (a getxattr of
+// user.mrfs.state right as a truncate to gigabytes starts).
+func TestReadersDoNotWaitForARegistration(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	b := e.create(t, 2*page)
+	before := b.Info()
+	publish, done := b.HoldLikeRegistration()
+	infos := make(chan buffer.Info, 1)
+	synced := make(chan error, 1)
+	go func() { infos <- b.Info() }()
+	go func() { synced <- b.Sync() }()
+	select {
+	case <-infos:
+		done()
+		t.Fatal("Info answered while the buffer was locked and no progress published")
+	case <-time.After(50 * time.Millisecond):
+	}
+	publish(8 * page)
+	select {
+	case in := <-infos:
+		if in.Progress.Total != 8*page {
+			t.Errorf("progress %+v, want a total of %d", in.Progress, 8*page)
+		}
+		in.Progress = buffer.Progress{}
+		if in != before {
+			t.Errorf("Info %+v during the registration, want the state before it %+v", in, before)
+		}
+	case <-time.After(10 * time.Second):
+		done()
+		t.Fatal("Info waits for the registration to end")
+	}
+	select {
+	case err := <-synced:
+		if err != nil {
+			t.Errorf("Sync during the registration: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		done()
+		t.Fatal("Sync waits for the registration to end")
+	}
+	done()
+}

@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"log"
 	"os"
 	"syscall"
 
@@ -17,6 +18,9 @@ type MountOptions struct {
 	// FsName is the mount's source in mountinfo; "" is "mrfs". mount(8)
 	// compares it with fstab's source to tell what is mounted already.
 	FsName string
+	// RequestLog, when set, gets go-fuse's line for every request the
+	// kernel sends and every reply (log.fuse_requests).
+	RequestLog *log.Logger
 }
 
 // Server is a mounted mrfs.
@@ -67,6 +71,8 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 			// GETXATTR; mrfs never stores set-id bits, so there is
 			// nothing to clear.
 			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2,
+			Debug:             mo.RequestLog != nil,
+			Logger:            mo.RequestLog,
 		},
 	}
 	srv, err := fusefs.Mount(dir, root, options)

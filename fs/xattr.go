@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -346,6 +347,9 @@ type stats struct {
 	OpenFiles       int                  `json:"open_files"`
 	Limits          statsLimits          `json:"limits"`
 	Users           map[string]statsUser `json:"users"`
+	// PID is the daemon's process: `mrfs umount` waits for it to exit
+	// where the kernel's fdinfo does not name a FUSE connection's server.
+	PID int `json:"pid"`
 }
 
 type statsLimits struct {
@@ -396,6 +400,7 @@ func (fsys *filesystem) statsJSON() []byte {
 			OpenFiles:        st.MaxOpenFds,
 		},
 		Users: users,
+		PID:   os.Getpid(),
 	})
 	if err != nil {
 		panic(fmt.Sprintf("marshal stats: %v", err)) // plain struct: cannot fail

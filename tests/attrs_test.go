@@ -143,6 +143,7 @@ type mrfsStats struct {
 	OpenFiles       int64                `json:"open_files"`
 	Limits          statsLimits          `json:"limits"`
 	Users           map[string]statsUser `json:"users"`
+	PID             int                  `json:"pid"`
 }
 
 func readStats(t *testing.T, mnt string) mrfsStats {

@@ -63,7 +63,7 @@ func hexNum(t *testing.T, s string) uint64 {
 func TestRegionsSplitMounted(t *testing.T) {
 	const maxSize = 64 << 10
 	const size = 3*maxSize + 8<<10
-	d := startDaemon(t, daemonConfig{Verbs: fmt.Sprintf("soft_max_mr_size = %d", maxSize), Remote: remoteConfig})
+	d := startDaemon(t, daemonConfig{Verbs: fmt.Sprintf("soft_max_mr_size = %d", maxSize), Remote: remoteConfig()})
 	peer := strings.Fields(mustXattr(t, d.mnt, xRemote))[1]
 	f := d.path("big")
 	if err := os.WriteFile(f, patternBytes(size), 0o600); err != nil {
@@ -115,12 +115,12 @@ func TestRegionsSplitMounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	off := maxSize - 1000
-	out := mustSh(t, fmt.Sprintf("mrfs remote read --peer %s --pd / --desc @%s --offset %d --length %d", peer, descFile, off, 2*maxSize+2000))
+	out := mustSh(t, fmt.Sprintf(remoteCLI("read")+" --peer %s --pd / --desc @%s --offset %d --length %d", peer, descFile, off, 2*maxSize+2000))
 	if out != string(patternBytes(size)[off:off+2*maxSize+2000]) {
 		t.Fatal("mrfs remote read across three regions returned other bytes")
 	}
 	data := bytes.Repeat([]byte("across"), 1000)
-	mustSh(t, fmt.Sprintf("printf '%%s' %s | mrfs remote write --peer %s --pd / --desc @%s --offset %d",
+	mustSh(t, fmt.Sprintf("printf '%%s' %s | "+remoteCLI("write")+" --peer %s --pd / --desc @%s --offset %d",
 		data, peer, descFile, 2*maxSize-3000))
 	got, err := os.ReadFile(f)
 	if err != nil {

@@ -34,7 +34,7 @@ func (b *syncBuffer) String() string {
 }
 
 // daemonConfig is the per-test config.toml: extra lines for each table. The
-// backend is always soft (device soft0).
+// backend and device are the package's (backend_test.go).
 type daemonConfig struct {
 	Verbs   string
 	Buffers string
@@ -62,7 +62,7 @@ func (c daemonConfig) toml() string {
 	if c.Quiet {
 		level = "info"
 	}
-	return "[verbs]\nbackend = \"soft\"\n" + c.Verbs + "\n\n[buffers]\n" + c.Buffers +
+	return "[verbs]\n" + backend.verbs() + c.Verbs + "\n\n[buffers]\n" + c.Buffers +
 		"\n\n[mount]\n" + c.Mount + "\n\n[log]\nlevel = \"" + level + "\"\n" + c.Log + "\n\n[remote]\n" + c.Remote +
 		"\n\n[metrics]\n" + c.Metrics + "\n"
 }

@@ -3,18 +3,22 @@ package tests
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // sessionScript is the issue's shell session, made checkable. $M is the
-// mountpoint, $CFG the config, $W a scratch dir. The python step maps rx,
+// mountpoint, $CFG the config, $W a scratch dir, $DEV the device. The python step maps rx,
 // writes through the mapping and checks its pages are the daemon's.
 const sessionScript = `
 mrfs mount --config "$CFG" "$M" >"$W/daemon.log" 2>&1 &
@@ -37,7 +41,7 @@ for a in lkey rkey addr length access device pd state zero_copy desc; do
 done
 grep -qx 'user.mrfs.length="4194304"' "$W/rx.attrs"
 grep -qx 'user.mrfs.state="registered"' "$W/rx.attrs"
-grep -qx 'user.mrfs.device="soft0"' "$W/rx.attrs"
+grep -qx "user.mrfs.device=\"$DEV\"" "$W/rx.attrs"
 grep -qx 'user.mrfs.access="local_write"' "$W/rx.attrs"
 
 old=$(x rkey "$M/rx")
@@ -149,7 +153,7 @@ func TestShellSession(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", "set -ex\n"+sessionScript)
-	cmd.Env = append(os.Environ(), "M="+m, "CFG="+cfg, "W="+w)
+	cmd.Env = append(os.Environ(), "M="+m, "CFG="+cfg, "W="+w, "DEV="+backend.device)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.WaitDelay = 5 * time.Second // a leftover child must not keep Run waiting on the pipes
@@ -174,9 +178,9 @@ func TestCLIVersionDevices(t *testing.T) {
 	if strings.TrimSpace(out) == "" {
 		t.Errorf("mrfs version printed nothing")
 	}
-	out = mustRun(t, mrfsBin, "devices")
-	if !strings.Contains(out, "soft0") || !strings.Contains(strings.ToLower(out), "max_mr") {
-		t.Errorf("mrfs devices lacks soft0 / max_mr:\n%s", out)
+	out = mustRun(t, mrfsBin, "devices", "--backend", backend.name)
+	if !strings.Contains(out, backend.device) || !strings.Contains(strings.ToLower(out), "max_mr") {
+		t.Errorf("mrfs devices lacks %s / max_mr:\n%s", backend.device, out)
 	}
 }
 
@@ -239,6 +243,65 @@ func TestCLIUsageAndConfigErrors(t *testing.T) {
 		}
 		if c.mention != "" && !strings.Contains(stderr.String(), c.mention) {
 			t.Errorf("%s: stderr does not name %q: %s", c.name, c.mention, stderr.String())
+		}
+	}
+}
+
+// TestFuseRequestLog: with log.fuse_requests the daemon logs every FUSE
+// request it receives. With zero copy, writing, reading and mapping a
+// file send it no READ or WRITE (the kernel passes them through to the
+// backing file); in the degraded mode each read(2) and write(2) does.
+func TestFuseRequestLog(t *testing.T) {
+	t.Parallel()
+	rx := regexp.MustCompile(`msg="rx [0-9]+: ([A-Z_0-9]+) .* fuse=true`)
+	count := func(d *daemon) map[string]int {
+		n := map[string]int{}
+		for _, m := range rx.FindAllStringSubmatch(d.stderr.String(), -1) {
+			n[m[1]]++
+		}
+		return n
+	}
+	// The log arrives through a pipe, a moment after the reply.
+	waitFor := func(d *daemon, op string) map[string]int {
+		for deadline := time.Now().Add(readyTimeout); ; time.Sleep(10 * time.Millisecond) {
+			if n := count(d); n[op] > 0 || time.Now().After(deadline) {
+				return n
+			}
+		}
+	}
+	for _, zc := range []bool{true, false} {
+		d := startDaemon(t, daemonConfig{Mount: fmt.Sprintf("zero_copy = %v", zc), Log: "fuse_requests = true"})
+		f := d.path("f")
+		if err := os.WriteFile(f, []byte("hello"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(f); err != nil || string(b) != "hello" {
+			t.Fatalf("read back %q, %v", b, err)
+		}
+		if zc {
+			fh, err := os.OpenFile(f, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := unix.Mmap(int(fh.Fd()), 0, 5, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m[0] = 'j'
+			unix.Munmap(m)
+			fh.Close()
+			mustXattr(t, f, xState) // a request it does get, last
+			n := waitFor(d, "GETXATTR")
+			if n["GETXATTR"] == 0 || n["CREATE"] == 0 {
+				t.Fatalf("zero copy: the request log lacks the CREATE and GETXATTR the test sent: %v", n)
+			}
+			if n["READ"] != 0 || n["WRITE"] != 0 {
+				t.Errorf("zero copy: the daemon received %d READ and %d WRITE requests, want none: %v", n["READ"], n["WRITE"], n)
+			}
+			continue
+		}
+		if n := waitFor(d, "READ"); n["READ"] == 0 || n["WRITE"] == 0 {
+			t.Errorf("degraded mode: the request log shows no READ or WRITE for a read(2) and a write(2): %v", n)
 		}
 	}
 }

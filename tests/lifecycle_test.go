@@ -70,9 +70,9 @@ func testSignalTeardown(t *testing.T, sig syscall.Signal) {
 		t.Errorf("stats pinned_bytes = %d, want >= %d", s.PinnedBytes, 1<<20+256<<10)
 	}
 	pid := d.pid()
-	lck := procStatusKB(t, pid, "VmLck")
+	lck := procStatusKB(t, pid, backend.pinned)
 	if lck <= 0 || lck*1024 < s.PinnedBytes {
-		t.Errorf("daemon VmLck = %d kB while %d bytes are pinned; the soft backend pins with mlock", lck, s.PinnedBytes)
+		t.Errorf("daemon %s = %d kB while %d bytes are pinned; the %s backend's pins count there", backend.pinned, lck, s.PinnedBytes, backend.name)
 	}
 
 	if code := d.stop(sig); code != 0 {
@@ -102,8 +102,8 @@ func TestTeardownFreesWhileAlive(t *testing.T) {
 	d := startDaemon(t, daemonConfig{Env: []string{"MRFS_TEST_PAUSE_AFTER_TEARDOWN=1"}})
 	populate(t, d)
 	pid := d.pid()
-	if lck := procStatusKB(t, pid, "VmLck"); lck*1024 < 1<<20+256<<10 {
-		t.Fatalf("daemon VmLck = %d kB with 1.25 MiB registered; the soft backend pins with mlock", lck)
+	if lck := procStatusKB(t, pid, backend.pinned); lck*1024 < 1<<20+256<<10 {
+		t.Fatalf("daemon %s = %d kB with 1.25 MiB registered; the %s backend's pins count there", backend.pinned, lck, backend.name)
 	}
 	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
@@ -112,8 +112,8 @@ func TestTeardownFreesWhileAlive(t *testing.T) {
 	if d.exited() {
 		t.Fatal("the daemon exited instead of pausing after its teardown")
 	}
-	if lck := procStatusKB(t, pid, "VmLck"); lck != 0 {
-		t.Errorf("daemon VmLck = %d kB after its teardown, want 0: regions left registered", lck)
+	if lck := procStatusKB(t, pid, backend.pinned); lck != 0 {
+		t.Errorf("daemon %s = %d kB after its teardown, want 0: regions left registered", backend.pinned, lck)
 	}
 	if code := d.stop(syscall.SIGINT); code != 0 {
 		t.Errorf("exit status after the pause = %d, want 0 (%v)", code, d.waitErr)

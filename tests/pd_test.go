@@ -36,7 +36,7 @@ func TestMkdirNewPD(t *testing.T) {
 		if got := mustXattr(t, f, xPD); got != pd {
 			t.Errorf("%s: pd %q, want its dir's %q", f, got, pd)
 		}
-		if got := mustXattr(t, d.path(p), xDevice); got != "soft0" {
+		if got := mustXattr(t, d.path(p), xDevice); got != backend.device {
 			t.Errorf("%q: device %q", p, got)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,6 +95,15 @@ func memCgroup(t testing.TB, limit uint64) []string {
 		dir, limitFile = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
 	case fileExists("/sys/fs/cgroup/cgroup.controllers"):
 		dir, limitFile = "/sys/fs/cgroup", "memory.max"
+		// A child has memory.max only when the root delegates the
+		// memory controller (systemd does; a bare cgroup2 mount, as in
+		// the tests/vm guest, does not).
+		ctl := filepath.Join(dir, "cgroup.subtree_control")
+		if b, err := os.ReadFile(ctl); err == nil && !slices.Contains(strings.Fields(string(b)), "memory") {
+			if err := os.WriteFile(ctl, []byte("+memory"), 0o644); err != nil {
+				t.Fatalf("enable the memory controller for child cgroups: %v", err)
+			}
+		}
 	default:
 		t.Fatal("no memory cgroup controller at /sys/fs/cgroup/memory (v1) or /sys/fs/cgroup (v2)")
 	}

@@ -153,7 +153,7 @@ func TestRemoteAfterMove(t *testing.T) {
 // the right order passes every round.
 func TestRemoteUnlinkUnderLoad(t *testing.T) {
 	t.Parallel()
-	d, peer := startRemoteConf(t, "listen = \"127.0.0.1:0\"\ntimeout = \"10s\"\nmax_message_size = \"1MiB\"")
+	d, peer := startRemoteConf(t, backend.listen()+"timeout = \"10s\"\nmax_message_size = \"1MiB\"")
 	const size, rounds, peers = 1 << 20, 30, 4
 	data := patternBytes(size)
 	for round := range rounds {

@@ -25,29 +25,31 @@ import (
 
 const xRemote = "user.mrfs.remote"
 
-// remoteConfig listens on a free loopback port; the test finds it in
+// remoteConfig listens on a free port of the backend's peer address
+// (loopback for the soft transport); the test finds it in
 // user.mrfs.remote.
-const remoteConfig = `listen = "127.0.0.1:0"
-timeout = "500ms"
+func remoteConfig() string {
+	return backend.listen() + `timeout = "500ms"
 max_message_size = "2MiB"`
+}
 
 const allRemote = "local_write,remote_write,remote_read,remote_atomic"
 
 // startRemote mounts with remote access on and returns the peer address.
 func startRemote(t *testing.T) (*daemon, string) {
 	t.Helper()
-	return startRemoteConf(t, remoteConfig)
+	return startRemoteConf(t, remoteConfig())
 }
 
 // startRemoteConf is startRemote with another [remote] table, which must
-// listen on 127.0.0.1:0.
+// start with backend.listen().
 func startRemoteConf(t *testing.T, conf string) (*daemon, string) {
 	t.Helper()
 	d := startDaemon(t, daemonConfig{Remote: conf})
 	v := mustXattr(t, d.mnt, xRemote)
 	f := strings.SplitN(v, " ", 3)
-	if len(f) != 3 || f[0] != "tcp" || f[2] != "/" || !strings.HasPrefix(f[1], "127.0.0.1:") || strings.HasSuffix(f[1], ":0") {
-		t.Fatalf("%s of the root = %q, want \"tcp 127.0.0.1:PORT /\"", xRemote, v)
+	if len(f) != 3 || f[0] != backend.transport || f[2] != "/" || !strings.HasPrefix(f[1], backend.host+":") || strings.HasSuffix(f[1], ":0") {
+		t.Fatalf("%s of the root = %q, want \"%s %s:PORT /\"", xRemote, v, backend.transport, backend.host)
 	}
 	return d, f[1]
 }
@@ -79,18 +81,35 @@ func keysOf(t *testing.T, path string) (uint64, uint32) {
 	return a, uint32(k)
 }
 
-func dialPD(t *testing.T, peer, dir string) *client.Conn {
+func dialPD(t *testing.T, peer, dir string) remote.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := client.Dial(ctx, peer, dir)
+	c, err := dial(peer, dir)
 	if err != nil {
 		t.Fatalf("dial %s pd %s: %v", peer, dir, err)
 	}
-	c.SetDeadline(time.Now().Add(cmdTimeout))
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// dial connects to dir of the daemon at peer over the backend's
+// transport: the soft protocol's client, or an rdma_cm queue pair.
+func dial(peer, dir string) (remote.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if !backend.soft() {
+		return dialRDMA(ctx, peer, dir)
+	}
+	c, err := client.Dial(ctx, peer, dir)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(cmdTimeout))
+	return c, nil
+}
+
+// remoteCLI is `mrfs remote OP` over the transport the mount's
+// user.mrfs.remote names, as a script that reads it would call it.
+func remoteCLI(op string) string { return "mrfs remote " + op + " --transport " + backend.transport }
 
 // The issue's script, through the CLI: a WRITE lands and is seen at once
 // through a mapping made before it and through cat; a READ returns what a
@@ -112,18 +131,18 @@ func TestRemoteShell(t *testing.T) {
 	defer unix.Munmap(m)
 
 	script := fmt.Sprintf(`
-peer=%s; f=%s
+f=%s; set -- $(getfattr --only-values -n user.mrfs.remote %s); tr=$1 peer=$2
 addr=$(getfattr --only-values -n user.mrfs.addr $f)
 rkey=$(getfattr --only-values -n user.mrfs.rkey $f)
-printf 'hello from afar' | mrfs remote write --peer $peer --pd / --addr $addr --rkey $rkey
+printf 'hello from afar' | mrfs remote write --transport $tr --peer $peer --pd / --addr $addr --rkey $rkey
 head -c 15 $f; echo
 printf 'written locally' | dd of=$f bs=1 seek=100 conv=notrunc status=none
-mrfs remote read --peer $peer --pd / --addr $((addr + 100)) --rkey $rkey --length 15; echo
-mrfs remote fadd --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 5
-mrfs remote fadd --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 0x10
-mrfs remote cas --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 0xabc
-mrfs remote cas --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 7
-`, peer, rx)
+mrfs remote read --transport $tr --peer $peer --pd / --addr $((addr + 100)) --rkey $rkey --length 15; echo
+mrfs remote fadd --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 5
+mrfs remote fadd --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 0x10
+mrfs remote cas --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 0xabc
+mrfs remote cas --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 7
+`, rx, d.mnt)
 	out := mustSh(t, script)
 	want := "hello from afar\nwritten locally\n0x0\n0x5\n0x15\n0xabc\n"
 	if out != want {
@@ -145,11 +164,11 @@ mrfs remote cas --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compa
 		t.Errorf("mapping after WRITE: %q", m[2000:2003])
 	}
 
-	_, errOut, err := sh(t, fmt.Sprintf("mrfs remote fadd --peer %s --pd / --addr %d --rkey %d --add 1", peer, addr+1028, rkey))
+	_, errOut, err := sh(t, fmt.Sprintf(remoteCLI("fadd")+" --peer %s --pd / --addr %d --rkey %d --add 1", peer, addr+1028, rkey))
 	if exitCode(err) != 1 || !strings.Contains(errOut, "IBV_WC_REM_INV_REQ_ERR") {
 		t.Errorf("misaligned fadd: exit %d, stderr %q; want 1 and IBV_WC_REM_INV_REQ_ERR", exitCode(err), errOut)
 	}
-	_, errOut, err = sh(t, fmt.Sprintf("mrfs remote read --peer %s --pd / --addr %d --rkey %d --length 1", peer, addr+4096, rkey))
+	_, errOut, err = sh(t, fmt.Sprintf(remoteCLI("read")+" --peer %s --pd / --addr %d --rkey %d --length 1", peer, addr+4096, rkey))
 	if exitCode(err) != 1 || !strings.Contains(errOut, "IBV_WC_REM_ACCESS_ERR") {
 		t.Errorf("read past the end: exit %d, stderr %q; want 1 and IBV_WC_REM_ACCESS_ERR", exitCode(err), errOut)
 	}
@@ -195,13 +214,13 @@ func TestRemoteViolations(t *testing.T) {
 		}
 	}
 	x := []byte("XXXXXXXX")
-	rd := func(c *client.Conn, a uint64, k uint32) error { return c.Read(make([]byte, 8), a, k) }
-	fadd := func(c *client.Conn, a uint64, k uint32) error { _, err := c.FetchAdd(a, k, 1); return err }
-	cas := func(c *client.Conn, a uint64, k uint32) error { _, err := c.CompareSwap(a, k, 0, 1); return err }
-	wr := func(c *client.Conn, a uint64, k uint32) error { return c.Write(a, k, x) }
+	rd := func(c remote.Conn, a uint64, k uint32) error { return c.Read(make([]byte, 8), a, k) }
+	fadd := func(c remote.Conn, a uint64, k uint32) error { _, err := c.FetchAdd(a, k, 1); return err }
+	cas := func(c remote.Conn, a uint64, k uint32) error { _, err := c.CompareSwap(a, k, 0, 1); return err }
+	wr := func(c remote.Conn, a uint64, k uint32) error { return c.Write(a, k, x) }
 	for _, tc := range []struct {
 		name string
-		op   func(*client.Conn, uint64, uint32) error
+		op   func(remote.Conn, uint64, uint32) error
 		addr uint64
 		key  uint32
 		want verbs.WCStatus
@@ -225,6 +244,21 @@ func TestRemoteViolations(t *testing.T) {
 		}
 		c := dialPD(t, peer, "/") // a fresh QP: the last one is in error
 		err := tc.op(c, tc.addr, tc.key)
+		if tc.want == verbs.WCRemInvReqErr && !backend.soft() {
+			backend.differs(t, tc.name+": the requester's provider (librxe) refuses a misaligned atomic when it is posted, with EINVAL: nothing is sent, and the QP stays usable")
+			if !errors.Is(err, unix.EINVAL) {
+				t.Errorf("%s: %v, want the post refused with EINVAL", tc.name, err)
+			}
+			for _, f := range files {
+				if after, _ := os.ReadFile(f); !bytes.Equal(before[f], after) {
+					t.Errorf("%s: %s changed", tc.name, f)
+				}
+			}
+			if err := c.Write(faddr, fkey, x); err != nil {
+				t.Errorf("%s: the next WRITE: %v, want success on the QP that sent nothing", tc.name, err)
+			}
+			continue
+		}
 		if got := remote.Status(err); got != tc.want {
 			t.Errorf("%s: %v (%v), want %v", tc.name, got, err, tc.want)
 		}
@@ -297,6 +331,19 @@ func TestRemoteConcurrentPDs(t *testing.T) {
 // refuse would execute it, and those bytes must never change.
 func TestRemoteHostilePeers(t *testing.T) {
 	d, peer := startRemote(t)
+	if !backend.soft() {
+		// Over rdma_cm the port is an RDMA CM service: no TCP byte stream
+		// to garble, and the hostile rdma_cm peers (no hello, a bad
+		// version) are TestAdmissionRDMACM's, in tests/vm/guest.
+		backend.differs(t, "peers reach mrfs only through rdma_cm: nothing accepts TCP at "+peer)
+		if nc, err := net.DialTimeout("tcp", peer, 5*time.Second); err == nil {
+			nc.Close()
+			t.Fatalf("a TCP connection to %s was accepted: the rdma_cm daemon serves the soft protocol too", peer)
+		} else if !errors.Is(err, unix.ECONNREFUSED) {
+			t.Fatalf("TCP to %s: %v, want ECONNREFUSED", peer, err)
+		}
+		return
+	}
 	f := d.path("buf")
 	addr, key := remoteBuf(t, f, 4096, allRemote)
 	const evilOff = 2048
@@ -378,7 +425,7 @@ func TestRemoteOffAndRmdir(t *testing.T) {
 	if err := os.Mkdir(d.path("tenant"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if v := mustXattr(t, d.path("tenant"), xRemote); v != "tcp "+peer+" /tenant" {
+	if v := mustXattr(t, d.path("tenant"), xRemote); v != backend.transport+" "+peer+" /tenant" {
 		t.Errorf("%s of /tenant = %q", xRemote, v)
 	}
 	c := dialPD(t, peer, "/tenant")
@@ -388,9 +435,7 @@ func TestRemoteOffAndRmdir(t *testing.T) {
 	if err := c.Write(0, 0, nil); err == nil {
 		t.Error("a connection to a removed PD still answers")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := client.Dial(ctx, peer, "/tenant"); !errors.Is(err, unix.ENOENT) {
+	if _, err := dial(peer, "/tenant"); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("dial of a removed directory: %v, want ENOENT", err)
 	}
 	root := dialPD(t, peer, "/")

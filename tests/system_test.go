@@ -348,7 +348,7 @@ func TestDaemonFlagFailures(t *testing.T) {
 		{[]string{"mount", "--daemon", "--config", m.cfgPath, filepath.Join(m.dir, "absent")}, 1, "absent"},
 		// Before the child: usage and configuration.
 		{[]string{"mount", "--daemon", "--config", bad, m.mnt}, 2, "log.output"},
-		{[]string{"mount", "--daemon", "-o", "backend=soft,frob", m.mnt}, 2, "frob"},
+		{[]string{"mount", "--daemon", "-o", "backend=" + backend.name + ",frob", m.mnt}, 2, "frob"},
 	} {
 		_, errOut, err := run(t, mrfsBin, c.args...)
 		if code := exitCode(err); code != c.code || !strings.Contains(errOut, c.mention) {
@@ -396,7 +396,7 @@ func TestMountFuse3Helper(t *testing.T) {
 		t.Errorf("the daemon still runs after umount(8) and its last log line")
 	}
 
-	out, errOut, err = run(t, "mount.fuse3", "none", m.mnt, "-t", "fuse.mrfs", "-o", "backend=soft,frobnicate")
+	out, errOut, err = run(t, "mount.fuse3", "none", m.mnt, "-t", "fuse.mrfs", "-o", "backend="+backend.name+",frobnicate")
 	if exitCode(err) != 2 || !strings.Contains(errOut, `"frobnicate"`) || isMounted(m.mnt) {
 		t.Errorf("an unknown option: %v (exit %d), mounted %v; stderr %q", err, exitCode(err), isMounted(m.mnt), errOut+out)
 	}
@@ -425,7 +425,7 @@ func TestMountCommandAndFstab(t *testing.T) {
 	t.Parallel()
 	m := newBgMount(t, daemonConfig{})
 	fstab := filepath.Join(m.dir, "fstab")
-	opts := "defaults,nofail,_netdev,x-systemd.requires=network-online.target,backend=soft,allow_other"
+	opts := "defaults,nofail,_netdev,x-systemd.requires=network-online.target,backend=" + backend.name + ",allow_other"
 	if err := os.WriteFile(fstab, []byte(fmt.Sprintf("%s %s fuse.mrfs %s 0 0\n", m.cfgPath, m.mnt, opts)), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +443,7 @@ exited() { # the nth "daemon exiting" line, within 10 s
 }
 mount --bind "$BIN" /usr/local/sbin
 
-mount -t fuse.mrfs "$CFG" "$M" -o backend=soft,buffers.max_buffers=7 || fail "mount -t fuse.mrfs: $?"
+mount -t fuse.mrfs "$CFG" "$M" -o backend=$BACKEND,buffers.max_buffers=7 || fail "mount -t fuse.mrfs: $?"
 [ "$(mounts)" = 1 ] || fail "not mounted once"
 getfattr --absolute-names --only-values -n user.mrfs.stats "$M" | grep -q '"max_buffers":7' || fail "option not applied"
 truncate -s 1M "$M/buf"
@@ -463,13 +463,13 @@ mount -T "$FSTAB" "$M" || fail "mount by mount point: $?"
 umount "$M"
 exited 3
 
-if mount -t fuse.mrfs none "$M" -o backend=soft,frobnicate 2>"$W/err"; then fail "an unknown option mounted"; fi
+if mount -t fuse.mrfs none "$M" -o backend=$BACKEND,frobnicate 2>"$W/err"; then fail "an unknown option mounted"; fi
 grep -q frobnicate "$W/err" || fail "the error does not name the option: $(cat "$W/err")"
 [ "$(mounts)" = 0 ] || fail "mounted despite the unknown option"
 echo ALL-OK
 `
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "bash", "-c", script)
-	cmd.Env = append(os.Environ(), "M="+m.mnt, "CFG="+m.cfgPath, "LOG="+m.logPath, "FSTAB="+fstab, "BIN="+binDir, "W="+m.dir)
+	cmd.Env = append(os.Environ(), "M="+m.mnt, "CFG="+m.cfgPath, "LOG="+m.logPath, "FSTAB="+fstab, "BIN="+binDir, "W="+m.dir, "BACKEND="+backend.name)
 	done := make(chan struct{})
 	var out []byte
 	var err error

@@ -20,7 +20,11 @@ func chooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) 
 		log.Info("verbs backend: soft (configured)")
 		return softProvider(), nil
 	case config.BackendRDMA:
-		return rdmaProvider()
+		p, err := rdmaProvider()
+		if err == nil {
+			log.Info("verbs backend: rdma (configured)")
+		}
+		return p, err
 	}
 	if !rdmaBuilt {
 		log.Info("verbs backend: soft (auto: this binary has no rdma backend; build with -tags rdma)")

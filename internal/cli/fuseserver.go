@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"encoding/json"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -11,10 +13,31 @@ import (
 // fuseServers finds the processes serving the FUSE connection of the
 // mount whose device is dev ("0:39" in mountinfo): those holding a
 // /dev/fuse descriptor whose fdinfo says "fuse_connection: N" for that
-// device. Recent kernels show it (6.18 does); on others nothing is found
-// and nobody is waited for. It returns a pidfd for each, which keeps naming that
-// process after it exits, when its pid may be reused.
-func fuseServers(dev string) []int {
+// device. Recent kernels show it (6.18 does, 6.12 does not); where none
+// does, the mount's own daemon is found by the pid its user.mrfs.stats
+// names (statsServer). It returns a pidfd for each, which keeps naming
+// that process after it exits, when its pid may be reused.
+func fuseServers(dir, dev string) []int {
+	if pidfds := connServers(dev); len(pidfds) > 0 {
+		return pidfds
+	}
+	// A daemon that hangs would hang the xattr read too: then unmount
+	// without waiting for it, as on a kernel that names no server.
+	found := make(chan []int, 1)
+	go func() { found <- statsServer(dir) }()
+	select {
+	case pidfds := <-found:
+		return pidfds
+	case <-time.After(statsWait):
+		return nil
+	}
+}
+
+// statsWait bounds how long umount asks a daemon for its pid.
+const statsWait = 5 * time.Second
+
+// connServers finds the servers of dev through fdinfo's fuse_connection.
+func connServers(dev string) []int {
 	major, minor, ok := strings.Cut(dev, ":")
 	maj, err1 := strconv.ParseUint(major, 10, 32)
 	mnr, err2 := strconv.ParseUint(minor, 10, 32)
@@ -32,28 +55,72 @@ func fuseServers(dev string) []int {
 		if err != nil {
 			continue
 		}
-		fds, err := os.ReadDir("/proc/" + p.Name() + "/fd")
-		if err != nil {
-			continue // gone, or not ours to see
-		}
-		for _, fd := range fds {
-			if link, _ := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name()); link != "/dev/fuse" ||
-				!servesConn(p.Name(), fd.Name(), conn) {
-				continue
+		serves := func(fd string) bool { return servesConn(p.Name(), fd, conn) }
+		if fd, ok := fuseFd(p.Name(), serves); ok {
+			if pidfd, ok := openChecked(pid, func() bool { return serves(fd) }); ok {
+				pidfds = append(pidfds, pidfd)
 			}
-			pidfd, err := unix.PidfdOpen(pid, 0)
-			if err != nil {
-				break
-			}
-			if !servesConn(p.Name(), fd.Name(), conn) { // the pid was reused meanwhile
-				unix.Close(pidfd)
-				break
-			}
-			pidfds = append(pidfds, pidfd)
-			break
 		}
 	}
 	return pidfds
+}
+
+// statsServer finds the daemon of the mrfs mount at dir by the pid in its
+// user.mrfs.stats, if that process holds a /dev/fuse descriptor. (A pid
+// of another pid namespace, or a daemon that no longer answers, gives
+// none: nobody is waited for.)
+func statsServer(dir string) []int {
+	raw, err := getxattr(dir, "user.mrfs.stats")
+	if err != nil {
+		return nil
+	}
+	var st struct {
+		PID int `json:"pid"`
+	}
+	if json.Unmarshal(raw, &st) != nil || st.PID <= 0 {
+		return nil
+	}
+	pid := strconv.Itoa(st.PID)
+	holdsFuse := func() bool {
+		_, ok := fuseFd(pid, func(string) bool { return true })
+		return ok
+	}
+	if !holdsFuse() {
+		return nil
+	}
+	if pidfd, ok := openChecked(st.PID, holdsFuse); ok {
+		return []int{pidfd}
+	}
+	return nil
+}
+
+// fuseFd returns the first /dev/fuse descriptor of pid that ok accepts.
+func fuseFd(pid string, ok func(fd string) bool) (string, bool) {
+	fds, err := os.ReadDir("/proc/" + pid + "/fd")
+	if err != nil {
+		return "", false // gone, or not ours to see
+	}
+	for _, fd := range fds {
+		if link, _ := os.Readlink("/proc/" + pid + "/fd/" + fd.Name()); link == "/dev/fuse" && ok(fd.Name()) {
+			return fd.Name(), true
+		}
+	}
+	return "", false
+}
+
+// openChecked opens a pidfd of pid and checks again that it is still the
+// process it was (still does what still says): the pid may have been
+// reused before the pidfd named it.
+func openChecked(pid int, still func() bool) (int, bool) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, false
+	}
+	if !still() {
+		unix.Close(pidfd)
+		return -1, false
+	}
+	return pidfd, true
 }
 
 func servesConn(pid, fd, conn string) bool {

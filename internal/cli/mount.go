@@ -128,7 +128,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 			ZeroCopy: cfg.Mount.ZeroCopy,
 			Log:      log,
 			Remote:   remote.Where,
-		}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: fsname})
+		}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: fsname, RequestLog: requestLog(cfg.Log, log)})
 	}
 	if err != nil {
 		remote.Close()

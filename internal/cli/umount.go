@@ -33,7 +33,7 @@ func cmdUmount(args []string) error {
 	}
 	var servers []int // the daemon, found before its device number can be reused
 	if !*lazy {
-		servers = fuseServers(dev)
+		servers = fuseServers(dir, dev)
 	}
 	if err := unmount(dir, *lazy); err != nil {
 		for _, fd := range servers {

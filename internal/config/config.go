@@ -81,6 +81,9 @@ type Log struct {
 	// OutputSyslog, or an absolute file path (appended to). A daemon in
 	// the background has no stderr: there OutputStderr means syslog.
 	Output string
+	// FuseRequests (log.fuse_requests) logs every FUSE request the daemon
+	// receives and its reply, as go-fuse prints them, at debug level.
+	FuseRequests bool
 }
 
 // Remote is the [remote] table: whether and how peers reach the mount's

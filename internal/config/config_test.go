@@ -326,6 +326,10 @@ func TestValidation(t *testing.T) {
 	if c := mustParse(t, `log.output = "syslog"`); c.Log.Output != OutputSyslog {
 		t.Errorf("log.output = syslog: got %q", c.Log.Output)
 	}
+	wantErr(t, "[log]\nfuse_requests = true", "log.fuse_requests", `log.level = "debug"`)
+	if c := mustParse(t, "[log]\nlevel = \"debug\"\nfuse_requests = true"); !c.Log.FuseRequests {
+		t.Errorf("log.fuse_requests = true: not set")
+	}
 	for in, want := range map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError} {
 		if c := mustParse(t, `log.level = "`+in+`"`); c.Log.Level != want {
 			t.Errorf("level %s: got %v", in, c.Log.Level)

@@ -44,9 +44,10 @@ type file struct {
 		Umask      octalMode `toml:"umask"`
 	} `toml:"mount"`
 	Log struct {
-		Level  levelName `toml:"level"`
-		Format string    `toml:"format"`
-		Output string    `toml:"output"`
+		Level        levelName `toml:"level"`
+		Format       string    `toml:"format"`
+		Output       string    `toml:"output"`
+		FuseRequests bool      `toml:"fuse_requests"`
 	} `toml:"log"`
 	Remote struct {
 		Listen         string     `toml:"listen"`
@@ -75,6 +76,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
 	name, _ := knownLevel(d.Log.Level)
 	f.Log.Level, f.Log.Format, f.Log.Output = levelName(name), d.Log.Format, d.Log.Output
+	f.Log.FuseRequests = d.Log.FuseRequests
 	f.Remote.Listen, f.Remote.AllowFrom, f.Remote.MaxConnections = d.Remote.Listen, d.Remote.AllowFrom, d.Remote.MaxConnections
 	f.Remote.MaxMessageSize, f.Remote.Timeout = d.Remote.MaxMessageSize, duration(d.Remote.Timeout)
 
@@ -100,7 +102,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 			PopulateWorkers:   f.Buffers.PopulateWorkers,
 		},
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
-		Log:   Log{Level: level, Format: f.Log.Format, Output: f.Log.Output},
+		Log:   Log{Level: level, Format: f.Log.Format, Output: f.Log.Output, FuseRequests: f.Log.FuseRequests},
 		Remote: Remote{
 			Listen:         f.Remote.Listen,
 			AllowFrom:      f.Remote.AllowFrom,

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -109,6 +110,9 @@ func (c Config) Validate() error {
 		bad("log.output", "%q is not stderr, syslog or an absolute file path", o)
 	case strings.HasSuffix(o, "/"):
 		bad("log.output", "%q is a directory; name the log file", o)
+	}
+	if c.Log.FuseRequests && c.Log.Level > slog.LevelDebug {
+		bad("log.fuse_requests", "the requests are logged at debug level; set log.level = \"debug\" too")
 	}
 	r := c.Remote
 	if r.Listen != "" {
