@@ -41,6 +41,10 @@ type Options struct {
 	// less: GOMAXPROCS); 0: never.
 	PopulateThreshold uint64
 	PopulateWorkers   int
+	// MaxRegionSize caps a region below the device's max_mr_size: a
+	// larger registration is split into regions of at most this many
+	// bytes (rounded down to pages). 0: the device's limit only.
+	MaxRegionSize uint64
 	// ChunkDelay is a test hook: a pause after each chunk populated, so
 	// that a registration lasts long enough to watch or interrupt.
 	ChunkDelay time.Duration

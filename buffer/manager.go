@@ -77,6 +77,9 @@ func NewManager(dev verbs.Device, opt Options, log *slog.Logger) *Manager {
 		users:   make(map[uint32]*UserStats),
 		warned:  make(map[limitKind]time.Time),
 	}
+	if c := opt.MaxRegionSize; c > 0 && c < m.attr.MaxMRSize {
+		m.attr.MaxMRSize = c // split as a device of that limit would
+	}
 	m.maxOpenFds = maxOpenFds(opt.FdReserve)
 	return m
 }

@@ -82,6 +82,18 @@ func checkRegions(t *testing.T, e *env, b *buffer.Buffer, maxSize uint64, want i
 
 // A buffer past the device's max_mr_size is registered in regions of at
 // most that size, in order; resizes keep the bytes and re-split.
+// Options.MaxRegionSize splits as a device of that max_mr_size does, on
+// a device without one; a cap above the device's changes nothing.
+func TestRegionsSplitAtMaxRegionSize(t *testing.T) {
+	const max = 8 * page
+	e := setup(t, buffer.Options{MaxRegionSize: max + 100}, 0)
+	b := e.create(t, 2*max+page)
+	checkRegions(t, e, b, max, 3)
+	e = setupMaxMRSize(t, buffer.Options{MaxRegionSize: 4 * max}, max, 0)
+	b = e.create(t, 2*max+page)
+	checkRegions(t, e, b, max, 3)
+}
+
 func TestRegionsSplitAtMaxMRSize(t *testing.T) {
 	const max = 8 * page
 	e := setupMaxMRSize(t, buffer.Options{}, max, 0)

@@ -55,15 +55,21 @@ func hexNum(t *testing.T, s string) uint64 {
 	return v
 }
 
-// A buffer past the soft device's max_mr_size is registered as regions
-// of at most that size: desc lists them in order, state says how many,
-// the top-level keys are the first's; every byte is reached through its
-// own region's key and no other; mrfs remote reads and writes across
+// A buffer past the soft device's max_mr_size (on a real device,
+// buffers.max_region_size) is registered as regions of at most that
+// size: desc lists them in order, state says how many, the top-level
+// keys are the first's; every byte is reached through its own region's
+// key and no other; mrfs remote reads and writes across
 // the boundaries with --desc.
 func TestRegionsSplitMounted(t *testing.T) {
 	const maxSize = 64 << 10
 	const size = 3*maxSize + 8<<10
-	d := startDaemon(t, daemonConfig{Verbs: fmt.Sprintf("soft_max_mr_size = %d", maxSize), Remote: remoteConfig()})
+	cfg := daemonConfig{Verbs: fmt.Sprintf("soft_max_mr_size = %d", maxSize), Remote: remoteConfig()}
+	if !backend.soft() {
+		backend.differs(t, "the device's max_mr_size is not below 2^64: the regions are buffers.max_region_size's")
+		cfg.Verbs, cfg.Buffers = "", fmt.Sprintf("max_region_size = %d", maxSize)
+	}
+	d := startDaemon(t, cfg)
 	peer := strings.Fields(mustXattr(t, d.mnt, xRemote))[1]
 	f := d.path("big")
 	if err := os.WriteFile(f, patternBytes(size), 0o600); err != nil {

@@ -107,6 +107,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		Events:            mx.bufferEvents(),
 		PopulateThreshold: uint64(cfg.Buffers.PopulateThreshold),
 		PopulateWorkers:   cfg.Buffers.PopulateWorkers,
+		MaxRegionSize:     uint64(cfg.Buffers.MaxRegionSize),
 		ChunkDelay:        chunkDelay(log),
 	}, log)
 	mx.watch(mgr)

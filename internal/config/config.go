@@ -54,6 +54,10 @@ type Buffers struct {
 	// 0: never.
 	PopulateThreshold Size
 	PopulateWorkers   int
+	// MaxRegionSize (buffers.max_region_size) caps one memory region
+	// below the device's max_mr_size: larger buffers are registered in
+	// several; 0: the device's limit only.
+	MaxRegionSize Size
 }
 
 // The values of buffers.huge_pages (tmpfs's huge=).

@@ -327,6 +327,10 @@ func TestValidation(t *testing.T) {
 		t.Errorf("log.output = syslog: got %q", c.Log.Output)
 	}
 	wantErr(t, "[log]\nfuse_requests = true", "log.fuse_requests", `log.level = "debug"`)
+	wantErr(t, "[buffers]\nmax_region_size = 100", "buffers.max_region_size", "less than a page")
+	if c := mustParse(t, "[buffers]\nmax_region_size = \"64KiB\""); c.Buffers.MaxRegionSize != 64<<10 {
+		t.Errorf("buffers.max_region_size = 64KiB: got %d", c.Buffers.MaxRegionSize)
+	}
 	if c := mustParse(t, "[log]\nlevel = \"debug\"\nfuse_requests = true"); !c.Log.FuseRequests {
 		t.Errorf("log.fuse_requests = true: not set")
 	}

@@ -37,6 +37,7 @@ type file struct {
 		HugePages         string     `toml:"huge_pages"`
 		PopulateThreshold Size       `toml:"populate_threshold"`
 		PopulateWorkers   int        `toml:"populate_workers"`
+		MaxRegionSize     Size       `toml:"max_region_size"`
 	} `toml:"buffers"`
 	Mount struct {
 		AllowOther bool      `toml:"allow_other"`
@@ -69,6 +70,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
 	f.Verbs.SoftMaxMRSize = d.Verbs.SoftMaxMRSize
 	f.Buffers.PopulateThreshold, f.Buffers.PopulateWorkers = d.Buffers.PopulateThreshold, d.Buffers.PopulateWorkers
+	f.Buffers.MaxRegionSize = d.Buffers.MaxRegionSize
 	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
 	f.Buffers.DefaultAccess, f.Buffers.AllowedAccess = accessList(d.Buffers.DefaultAccess), accessList(d.Buffers.AllowedAccess)
 	f.Buffers.MaxPinnedPerUser, f.Buffers.HugePages = d.Buffers.MaxPinnedPerUser, d.Buffers.HugePages
@@ -100,6 +102,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 			HugePages:         f.Buffers.HugePages,
 			PopulateThreshold: f.Buffers.PopulateThreshold,
 			PopulateWorkers:   f.Buffers.PopulateWorkers,
+			MaxRegionSize:     f.Buffers.MaxRegionSize,
 		},
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
 		Log:   Log{Level: level, Format: f.Log.Format, Output: f.Log.Output, FuseRequests: f.Log.FuseRequests},

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -80,6 +81,9 @@ func (c Config) Validate() error {
 	}
 	if b.PopulateWorkers < 0 || b.PopulateWorkers > maxPopulateWorkers {
 		bad("buffers.populate_workers", "%d is out of range; use 0 (one per CPU the daemon may use) to %d", b.PopulateWorkers, maxPopulateWorkers)
+	}
+	if r := b.MaxRegionSize; r != 0 && int(r) < os.Getpagesize() {
+		bad("buffers.max_region_size", "%s is less than a page (%d bytes); use 0 for the device's limit", r, os.Getpagesize())
 	}
 	if !slices.Contains(hugePolicies, b.HugePages) {
 		bad("buffers.huge_pages", "%q is not a policy; use never, within_size, always or advise", b.HugePages)
