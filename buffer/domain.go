@@ -1,6 +1,9 @@
 package buffer
 
 import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"syscall"
@@ -13,6 +16,9 @@ type Domain struct {
 	m      *Manager
 	pd     verbs.PD
 	handle uint32 // pd.Handle(), fixed for the PD's life
+	// token is the PD's remote-access secret, fixed for its life: a peer
+	// must present it to get a queue pair in the PD (Token).
+	token [TokenSize]byte
 
 	// guarded by m.mu: the default access, the buffer count, closed,
 	// closing and users.
@@ -44,6 +50,7 @@ func (m *Manager) NewDomain(defaultAccess verbs.Access) (*Domain, error) {
 		return nil, fmt.Errorf("allocate pd on %s: %w", m.dev.Name(), err)
 	}
 	d := &Domain{m: m, pd: pd, handle: pd.Handle(), access: defaultAccess}
+	rand.Read(d.token[:]) // never fails (crypto/rand, Go 1.24)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed { // Close ran while we allocated: it cannot see this PD
@@ -56,6 +63,18 @@ func (m *Manager) NewDomain(defaultAccess verbs.Access) (*Domain, error) {
 
 // PD is the protection domain's number.
 func (d *Domain) PD() uint32 { return d.handle }
+
+// TokenSize is the size of a PD's token: 128 random bits.
+const TokenSize = 16
+
+// Token is the PD's token in hex (user.mrfs.token): what a remote peer
+// presents to join the PD. Keys alone, even guessed, give nothing.
+func (d *Domain) Token() string { return hex.EncodeToString(d.token[:]) }
+
+// TokenIs says, in constant time, whether tok is the PD's token.
+func (d *Domain) TokenIs(tok [TokenSize]byte) bool {
+	return subtle.ConstantTimeCompare(tok[:], d.token[:]) == 1
+}
 
 // VerbsPD is the verbs protection domain, for creating queue pairs in it
 // or serving one-sided operations (verbs.ResponderPD).

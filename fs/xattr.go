@@ -33,12 +33,13 @@ const (
 	xattrDefaultAccess = xattrPrefix + "default_access"
 	xattrStats         = xattrPrefix + "stats"
 	xattrRemote        = xattrPrefix + "remote"
+	xattrToken         = xattrPrefix + "token"
 )
 
 var (
 	fileXattrs = []string{xattrLKey, xattrRKey, xattrAddr, xattrLength, xattrAccess,
 		xattrDevice, xattrPD, xattrState, xattrZeroCopy, xattrDesc}
-	dirXattrs  = []string{xattrPD, xattrDevice, xattrDefaultAccess, xattrRemote}
+	dirXattrs  = []string{xattrPD, xattrDevice, xattrDefaultAccess, xattrRemote, xattrToken}
 	rootXattrs = append(append([]string{}, dirXattrs...), xattrStats)
 )
 
@@ -197,6 +198,10 @@ func (n *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
 		}
 	case xattrRemote:
 		return []byte(n.remote()), 0
+	case xattrToken:
+		// Readable by whoever may read the directory: the kernel checks
+		// its mode first (default_permissions).
+		return []byte(n.dir.Domain().Token()), 0
 	}
 	return nil, syscall.ENODATA
 }

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"mrfs/buffer"
 	"mrfs/verbs"
 )
 
@@ -26,6 +27,11 @@ type Policy struct {
 	Timeout    time.Duration
 	// Events hears of admissions and completions (metrics); nil: none.
 	Events Events
+	// FailLimit failures of one source within FailWindow get it refused
+	// for FailBlock (failures.go); 0: 5, a minute, a minute. A negative
+	// FailLimit turns the rule off.
+	FailLimit             int
+	FailWindow, FailBlock time.Duration
 }
 
 // Events are what the transports report as it happens. Implementations
@@ -62,9 +68,10 @@ func (p Policy) Allows(addr netip.Addr) bool {
 
 // Gate admits connections to one listener by its Policy and counts them.
 type Gate struct {
-	p   Policy
-	log *PeerLog
-	ev  Events
+	p     Policy
+	log   *PeerLog
+	ev    Events
+	fails *failures
 
 	mu     sync.Mutex // guards: conns, closed
 	conns  int
@@ -77,7 +84,7 @@ func NewGate(p Policy, log *slog.Logger) *Gate {
 	if ev == nil {
 		ev = noEvents{}
 	}
-	return &Gate{p: p, log: NewPeerLog(log), ev: ev}
+	return &Gate{p: p, log: NewPeerLog(log), ev: ev, fails: newFailures(p)}
 }
 
 // Events is where the gate's transport reports (never nil).
@@ -101,6 +108,13 @@ func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 		g.log.Event("allow_from", "remote: peer not in allow_from; refused", "peer", peer.String())
 		return nil, fmt.Errorf("peer %s is not in remote.allow_from: %w", peer, syscall.EACCES)
 	}
+	if refused, warn := g.fails.refused(peer, time.Now()); refused {
+		g.ev.Refused("failures")
+		if warn {
+			g.log.log.Warn("remote: refusing a source whose attempts keep failing", "peer", peer.String())
+		}
+		return nil, fmt.Errorf("peer %s: too many failed attempts; refused for a while: %w", peer, syscall.EACCES)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch {
@@ -123,6 +137,29 @@ func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 			g.ev.Released()
 		})
 	}, nil
+}
+
+// Failed counts a failure of peer's (why: "token", "access"); one
+// that keeps failing is refused for a while (failures.go).
+func (g *Gate) Failed(peer netip.Addr, why string) {
+	refused, warn := g.fails.failed(peer, time.Now())
+	if warn {
+		g.log.log.Warn("remote: refusing a source whose attempts keep failing", "peer", peer.String(), "last", why)
+	} else if !refused {
+		g.log.Event("failed_"+why, "remote: a peer's attempt failed", "peer", peer.String(), "why", why)
+	}
+}
+
+// CheckToken admits peer to dom only with dom's token: otherwise the
+// peer is refused with EACCES, before any queue pair exists, and the
+// failure counts against its source.
+func (g *Gate) CheckToken(peer netip.Addr, dir string, dom *buffer.Domain, token [buffer.TokenSize]byte) error {
+	if dom.TokenIs(token) {
+		return nil
+	}
+	g.ev.Refused("token")
+	g.Failed(peer, "token")
+	return fmt.Errorf("wrong token for %q (user.mrfs.token of the directory): %w", dir, syscall.EACCES)
 }
 
 // Conns is the number of admitted connections not yet released.

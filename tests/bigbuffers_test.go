@@ -70,7 +70,7 @@ func TestRegionsSplitMounted(t *testing.T) {
 		cfg.Verbs, cfg.Buffers = "", fmt.Sprintf("max_region_size = %d", maxSize)
 	}
 	d := startDaemon(t, cfg)
-	peer := strings.Fields(mustXattr(t, d.mnt, xRemote))[1]
+	peer := d.remotePeer(t)
 	f := d.path("big")
 	if err := os.WriteFile(f, patternBytes(size), 0o600); err != nil {
 		t.Fatal(err)
@@ -121,13 +121,13 @@ func TestRegionsSplitMounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	off := maxSize - 1000
-	out := mustSh(t, fmt.Sprintf(remoteCLI("read")+" --peer %s --pd / --desc @%s --offset %d --length %d", peer, descFile, off, 2*maxSize+2000))
+	out := mustSh(t, fmt.Sprintf(remoteCLI(d, "read")+" --desc @%s --offset %d --length %d", descFile, off, 2*maxSize+2000))
 	if out != string(patternBytes(size)[off:off+2*maxSize+2000]) {
 		t.Fatal("mrfs remote read across three regions returned other bytes")
 	}
 	data := bytes.Repeat([]byte("across"), 1000)
-	mustSh(t, fmt.Sprintf("printf '%%s' %s | "+remoteCLI("write")+" --peer %s --pd / --desc @%s --offset %d",
-		data, peer, descFile, 2*maxSize-3000))
+	mustSh(t, fmt.Sprintf("printf '%%s' %s | "+remoteCLI(d, "write")+" --desc @%s --offset %d",
+		data, descFile, 2*maxSize-3000))
 	got, err := os.ReadFile(f)
 	if err != nil {
 		t.Fatal(err)
@@ -296,5 +296,36 @@ func TestAllocCommand(t *testing.T) {
 	_, errOut, err = run(t, mrfsBin, "alloc", "1MiB", t.TempDir()+"/x")
 	if exitCode(err) != 1 || !strings.Contains(errOut, "not a buffer of an mrfs mount") {
 		t.Errorf("alloc outside mrfs: %v, %q", err, errOut)
+	}
+}
+
+// A signal that reaches the thread of mrfs alloc's ftruncate, with no
+// Ctrl-C, interrupts its FUSE request too, and the daemon stops the
+// registration with EINTR: alloc tries again and finishes (Go's runtime
+// sends itself such signals, SIGURG, and a terminal SIGWINCH).
+func TestAllocSpuriousSignals(t *testing.T) {
+	const size = 160 << 20
+	d := startDaemon(t, daemonConfig{Buffers: `populate_threshold = "16MiB"`, Env: chunkDelayEnv})
+	f := d.path("big")
+	makeBuffer(t, f, 4096)
+	cmd := exec.Command(mrfsBin, "alloc", "--progress", "plain", "160MiB", f)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	exited := started(t, cmd)
+	waitRegistering(t, f, size, exited)
+	signaled := 0
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", cmd.Process.Pid))
+	for _, task := range tasks {
+		if tid, err := strconv.Atoi(task.Name()); err == nil && syscall.Tgkill(cmd.Process.Pid, tid, syscall.SIGURG) == nil {
+			signaled++
+		}
+	}
+	<-exited
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("mrfs alloc after SIGURG to its %d threads: exit %d, stderr %q; want it to go on", signaled, code, stderr.String())
+	}
+	requireRegistered(t, f, size)
+	if !strings.Contains(d.stderr.String(), "interrupted") {
+		t.Logf("(no registration was interrupted: the signals reached no thread in the FUSE request)")
 	}
 }

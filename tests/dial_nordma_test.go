@@ -10,6 +10,6 @@ import (
 )
 
 // dialRDMA needs the rdma build of this package.
-func dialRDMA(context.Context, string, string) (remote.Conn, error) {
+func dialRDMA(context.Context, string, string, remote.Token) (remote.Conn, error) {
 	return nil, errors.New("MRFS_TEST_BACKEND=rdma needs the tests built with -tags rdma (rdma_cm)")
 }

@@ -25,10 +25,22 @@ var (
 	decRe = regexp.MustCompile(`^[0-9]+$`)
 )
 
+var (
+	readyTimeout = 10 * time.Second * slowFactor()
+	stopTimeout  = 10 * time.Second * slowFactor()
+)
+
+// slowFactor stretches the start and stop timeouts under emulation, in
+// the tests/vm guest.
+func slowFactor() time.Duration {
+	if os.Getenv("MRFS_VM_GUEST") == "1" {
+		return 3
+	}
+	return 1
+}
+
 const (
-	readyTimeout = 10 * time.Second
-	stopTimeout  = 10 * time.Second
-	cmdTimeout   = 60 * time.Second
+	cmdTimeout = 60 * time.Second
 	// hangTimeout bounds one test's use of its mount. A daemon that stops
 	// answering would otherwise block the test in a syscall until go test's
 	// own timeout; the watchdog dumps the daemon's goroutines (SIGQUIT) and

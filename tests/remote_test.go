@@ -9,6 +9,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +26,10 @@ import (
 	"mrfs/verbs"
 )
 
-const xRemote = "user.mrfs.remote"
+const (
+	xRemote = "user.mrfs.remote"
+	xToken  = "user.mrfs.token"
+)
 
 // remoteConfig listens on a free port of the backend's peer address
 // (loopback for the soft transport); the test finds it in
@@ -46,12 +52,21 @@ func startRemote(t *testing.T) (*daemon, string) {
 func startRemoteConf(t *testing.T, conf string) (*daemon, string) {
 	t.Helper()
 	d := startDaemon(t, daemonConfig{Remote: conf})
+	return d, d.remotePeer(t)
+}
+
+// remotePeer is the address peers reach d at (user.mrfs.remote of the
+// root), which dial then knows d's tokens by.
+func (d *daemon) remotePeer(t *testing.T) string {
+	t.Helper()
 	v := mustXattr(t, d.mnt, xRemote)
 	f := strings.SplitN(v, " ", 3)
 	if len(f) != 3 || f[0] != backend.transport || f[2] != "/" || !strings.HasPrefix(f[1], backend.host+":") || strings.HasSuffix(f[1], ":0") {
 		t.Fatalf("%s of the root = %q, want \"%s %s:PORT /\"", xRemote, v, backend.transport, backend.host)
 	}
-	return d, f[1]
+	remoteMounts.Store(f[1], d.mnt)
+	t.Cleanup(func() { remoteMounts.Delete(f[1]) })
+	return f[1]
 }
 
 // remoteBuf creates a file of size bytes with access and returns its
@@ -92,14 +107,24 @@ func dialPD(t *testing.T, peer, dir string) remote.Conn {
 }
 
 // dial connects to dir of the daemon at peer over the backend's
-// transport: the soft protocol's client, or an rdma_cm queue pair.
+// transport (the soft protocol's client, or an rdma_cm queue pair),
+// presenting the directory's token.
 func dial(peer, dir string) (remote.Conn, error) {
+	tok, err := tokenOf(peer, dir)
+	if err != nil {
+		tok = remote.Token{} // a directory that is not there
+	}
+	return dialToken(peer, dir, tok)
+}
+
+// dialToken is dial presenting tok.
+func dialToken(peer, dir string, tok remote.Token) (remote.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if !backend.soft() {
-		return dialRDMA(ctx, peer, dir)
+		return dialRDMA(ctx, peer, dir, tok)
 	}
-	c, err := client.Dial(ctx, peer, dir)
+	c, err := client.Dial(ctx, peer, dir, tok)
 	if err != nil {
 		return nil, err
 	}
@@ -107,9 +132,27 @@ func dial(peer, dir string) (remote.Conn, error) {
 	return c, nil
 }
 
-// remoteCLI is `mrfs remote OP` over the transport the mount's
-// user.mrfs.remote names, as a script that reads it would call it.
-func remoteCLI(op string) string { return "mrfs remote " + op + " --transport " + backend.transport }
+// remoteCLI is `mrfs remote OP` naming the PD by d's root where it is
+// mounted here: the peer, the transport and the token are those its
+// user.mrfs.remote and user.mrfs.token say.
+func remoteCLI(d *daemon, op string) string { return "mrfs remote " + op + " --pd " + d.mnt }
+
+// remoteMounts are the mounts with remote access of this test binary, by
+// the address peers reach them at: dial reads tokens there.
+var remoteMounts sync.Map // string (host:port) -> string (mount point)
+
+// tokenOf is the token of dir in the mount at peer.
+func tokenOf(peer, dir string) (remote.Token, error) {
+	mnt, ok := remoteMounts.Load(peer)
+	if !ok {
+		return remote.Token{}, fmt.Errorf("no mount of this test serves %s", peer)
+	}
+	v, err := getxattr(filepath.Join(mnt.(string), dir), xToken)
+	if err != nil {
+		return remote.Token{}, err
+	}
+	return remote.ParseToken(v)
+}
 
 // The issue's script, through the CLI: a WRITE lands and is seen at once
 // through a mapping made before it and through cat; a READ returns what a
@@ -131,17 +174,20 @@ func TestRemoteShell(t *testing.T) {
 	defer unix.Munmap(m)
 
 	script := fmt.Sprintf(`
-f=%s; set -- $(getfattr --only-values -n user.mrfs.remote %s); tr=$1 peer=$2
+f=%s; m=%s
+set -- $(getfattr --only-values -n user.mrfs.remote $m); tr=$1 peer=$2
+tok=$(getfattr --only-values -n user.mrfs.token $m)
 addr=$(getfattr --only-values -n user.mrfs.addr $f)
 rkey=$(getfattr --only-values -n user.mrfs.rkey $f)
-printf 'hello from afar' | mrfs remote write --transport $tr --peer $peer --pd / --addr $addr --rkey $rkey
+printf 'hello from afar' | mrfs remote write --transport $tr --peer $peer --pd / --token $tok --addr $addr --rkey $rkey
 head -c 15 $f; echo
 printf 'written locally' | dd of=$f bs=1 seek=100 conv=notrunc status=none
-mrfs remote read --transport $tr --peer $peer --pd / --addr $((addr + 100)) --rkey $rkey --length 15; echo
-mrfs remote fadd --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 5
-mrfs remote fadd --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --add 0x10
-mrfs remote cas --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 0xabc
-mrfs remote cas --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 7
+mrfs remote read --transport $tr --peer $peer --pd / --token $tok --addr $((addr + 100)) --rkey $rkey --length 15; echo
+# The directory where it is mounted here names the peer, transport and token.
+mrfs remote fadd --pd $m --addr $((addr + 1024)) --rkey $rkey --add 5
+mrfs remote fadd --pd $m --addr $((addr + 1024)) --rkey $rkey --add 0x10
+mrfs remote cas --pd $m --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 0xabc
+mrfs remote cas --pd $m --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 7
 `, rx, d.mnt)
 	out := mustSh(t, script)
 	want := "hello from afar\nwritten locally\n0x0\n0x5\n0x15\n0xabc\n"
@@ -164,11 +210,16 @@ mrfs remote cas --transport $tr --peer $peer --pd / --addr $((addr + 1024)) --rk
 		t.Errorf("mapping after WRITE: %q", m[2000:2003])
 	}
 
-	_, errOut, err := sh(t, fmt.Sprintf(remoteCLI("fadd")+" --peer %s --pd / --addr %d --rkey %d --add 1", peer, addr+1028, rkey))
-	if exitCode(err) != 1 || !strings.Contains(errOut, "IBV_WC_REM_INV_REQ_ERR") {
-		t.Errorf("misaligned fadd: exit %d, stderr %q; want 1 and IBV_WC_REM_INV_REQ_ERR", exitCode(err), errOut)
+	_, errOut, err := sh(t, fmt.Sprintf(remoteCLI(d, "fadd")+" --addr %d --rkey %d --add 1", addr+1028, rkey))
+	misaligned := "IBV_WC_REM_INV_REQ_ERR"
+	if !backend.soft() {
+		backend.differs(t, "librxe refuses a misaligned atomic when it is posted: EINVAL, nothing sent")
+		misaligned = unix.EINVAL.Error()
 	}
-	_, errOut, err = sh(t, fmt.Sprintf(remoteCLI("read")+" --peer %s --pd / --addr %d --rkey %d --length 1", peer, addr+4096, rkey))
+	if exitCode(err) != 1 || !strings.Contains(errOut, misaligned) {
+		t.Errorf("misaligned fadd: exit %d, stderr %q; want 1 and %s", exitCode(err), errOut, misaligned)
+	}
+	_, errOut, err = sh(t, fmt.Sprintf(remoteCLI(d, "read")+" --addr %d --rkey %d --length 1", addr+4096, rkey))
 	if exitCode(err) != 1 || !strings.Contains(errOut, "IBV_WC_REM_ACCESS_ERR") {
 		t.Errorf("read past the end: exit %d, stderr %q; want 1 and IBV_WC_REM_ACCESS_ERR", exitCode(err), errOut)
 	}
@@ -348,7 +399,11 @@ func TestRemoteHostilePeers(t *testing.T) {
 	addr, key := remoteBuf(t, f, 4096, allRemote)
 	const evilOff = 2048
 	good := dialPD(t, peer, "/")
-	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/"})
+	tok, err := tokenOf(peer, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/", Token: tok})
 	badVersion, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version + 1, Path: "/"})
 	write, _ := proto.Append(nil, proto.Frame{Type: proto.TypeWrite, IOVA: addr + evilOff, RKey: key, Data: []byte("evil")})
 	huge := append([]byte{byte(proto.TypeWrite), 0, 0, 0, 0xff, 0xff, 0xff, 0xf0}, make([]byte, 8)...)
@@ -444,5 +499,90 @@ func TestRemoteOffAndRmdir(t *testing.T) {
 	}
 	if err := root.Write(0, 0, nil); err == nil {
 		t.Error("a connection survived the unmount")
+	}
+}
+
+// TestRemoteTokens: every directory has its own read-only token, readable
+// only by users who may read the directory; a peer must present its
+// directory's to get a queue pair (EACCES otherwise, also with another
+// directory's), and a source that keeps presenting wrong ones is
+// refused for a while, even with the right one, with one warn line.
+func TestRemoteTokens(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{
+		Mount:  "allow_other = true\numask = \"022\"",
+		Remote: fmt.Sprintf("listen = \"%s:0\"\nallow_from = %s\nmax_failures = 3\n", backend.host, backend.allowFrom),
+	})
+	peer := d.remotePeer(t)
+	for p := d.mnt; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(d.path("open"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(d.path("closed"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	toks := map[string]string{}
+	for _, dir := range []string{"", "open", "closed"} {
+		v := mustXattr(t, d.path(dir), xToken)
+		if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(v) {
+			t.Fatalf("token of %q = %q, want 32 hex digits", dir, v)
+		}
+		if again := mustXattr(t, d.path(dir), xToken); again != v {
+			t.Errorf("token of %q changed between reads: %s, %s", dir, v, again)
+		}
+		for other, tok := range toks {
+			if tok == v {
+				t.Errorf("%q and %q share a token", dir, other)
+			}
+		}
+		toks[dir] = v
+	}
+	wantErrno(t, setxattr(d.path("open"), xToken, "00112233445566778899aabbccddeeff"), unix.EPERM, "set user.mrfs.token")
+	asNobody := func(dir string) (string, error) {
+		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+			"getfattr", "--absolute-names", "--only-values", "-n", xToken, d.path(dir)).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := asNobody("open"); err != nil || out != toks["open"] {
+		t.Errorf("another user reading the token of a 0755 directory: %v, %q", err, out)
+	}
+	if out, err := asNobody("closed"); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Errorf("another user reading the token of a 0700 directory: %v, %q; want Permission denied", err, out)
+	}
+
+	// The right token admits; a wrong one, or another directory's, is
+	// refused before any queue pair exists.
+	c := dialPD(t, peer, "/open")
+	c.Close()
+	wrong, _ := remote.ParseToken(toks["closed"])
+	for _, tok := range []remote.Token{wrong, {}} {
+		if c, err := dialToken(peer, "/open", tok); err == nil {
+			c.Close()
+			t.Fatalf("admitted to /open with token %x", tok)
+		} else if !errors.Is(err, unix.EACCES) || !strings.Contains(err.Error(), "wrong token") {
+			t.Errorf("a wrong token: %v, want EACCES, wrong token", err)
+		}
+	}
+	// Two failures so far; the third, by the CLI, gets the source
+	// refused, even with the right token, and the log says so once.
+	if _, errOut, err := sh(t, remoteCLI(d, "read")+" --token "+toks["closed"]+" --addr 0 --rkey 0 --length 1"); exitCode(err) != 1 || !strings.Contains(errOut, "wrong token") {
+		t.Errorf("mrfs remote with a wrong --token: exit %d, %q; want 1 and wrong token", exitCode(err), errOut)
+	}
+	right, _ := remote.ParseToken(toks["open"])
+	if c, err := dialToken(peer, "/open", right); err == nil {
+		c.Close()
+		t.Errorf("after 3 wrong tokens the source is still admitted")
+	} else if !errors.Is(err, unix.EACCES) || !strings.Contains(err.Error(), "too many failed attempts") {
+		t.Errorf("after 3 wrong tokens: %v, want EACCES, too many failed attempts", err)
+	}
+	re := regexp.MustCompile(`level=WARN msg="remote: refusing a source whose attempts keep failing" peer=` + regexp.QuoteMeta(backend.host))
+	if line, ok := d.waitLog(re, readyTimeout); !ok {
+		t.Errorf("no warn line naming the source:\n%s", tail(d.stderr.String(), 20))
+	} else if n := len(re.FindAllString(d.stderr.String(), -1)); n != 1 {
+		t.Errorf("%d warn lines, want 1 a minute: %s", n, line)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -71,12 +72,22 @@ func cmdAlloc(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	done := make(chan error, 1)
 	tid := make(chan int, 1)
+	var stopping atomic.Bool // the user interrupted: EINTR is final
 	go func() {
 		// The FUSE request is the calling thread's: a signal to that
 		// thread is what makes the kernel send FUSE INTERRUPT.
 		runtime.LockOSThread()
 		tid <- unix.Gettid()
-		done <- unix.Ftruncate(fd, int64(size))
+		for {
+			// Any signal that reaches the thread interrupts the request,
+			// and the daemon then stops the registration, leaving the
+			// buffer as it was: unless the user asked, go on.
+			err := unix.Ftruncate(fd, int64(size))
+			if !errors.Is(err, unix.EINTR) || stopping.Load() {
+				done <- err
+				return
+			}
+		}
 	}()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -96,6 +107,7 @@ func cmdAlloc(args []string, stdout, stderr io.Writer) error {
 		case <-sigs:
 			if !interrupted {
 				interrupted = true
+				stopping.Store(true)
 				show.note("interrupting: the daemon stops and leaves " + path + " as it was")
 				// SIGURG is harmless to Go (its preemption signal) and
 				// wakes the thread's FUSE request.

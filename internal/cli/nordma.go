@@ -30,4 +30,6 @@ func listenRDMA(string, remote.Policy, remote.Resolver, *slog.Logger) (rdmaListe
 	return nil, errNoRDMACM
 }
 
-func dialRDMA(context.Context, string, string) (remote.Conn, error) { return nil, errNoRDMADial }
+func dialRDMA(context.Context, string, string, remote.Token) (remote.Conn, error) {
+	return nil, errNoRDMADial
+}

@@ -31,8 +31,8 @@ func listenRDMA(addr string, p remote.Policy, resolve remote.Resolver, log *slog
 	return l, nil
 }
 
-func dialRDMA(ctx context.Context, peer, dir string) (remote.Conn, error) {
-	c, err := rdmacm.DialContext(ctx, peer, dir)
+func dialRDMA(ctx context.Context, peer, dir string, tok remote.Token) (remote.Conn, error) {
+	c, err := rdmacm.DialContext(ctx, peer, dir, tok)
 	if err != nil {
 		return nil, err
 	}

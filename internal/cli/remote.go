@@ -39,6 +39,7 @@ func policy(cfg config.Remote, ev remote.Events) remote.Policy {
 	return remote.Policy{
 		AllowFrom:  cfg.AllowFrom,
 		MaxConns:   cfg.MaxConnections,
+		FailLimit:  failLimit(cfg.MaxFailures),
 		MaxMessage: uint32(cfg.MaxMessageSize),
 		Timeout:    cfg.Timeout,
 		Events:     ev,
@@ -112,4 +113,13 @@ func (r *remoteAccess) Close() error {
 		return fmt.Errorf("stop remote access: %w", err)
 	}
 	return nil
+}
+
+// failLimit is remote.max_failures as the gate takes it: 0 turns the
+// rule off.
+func failLimit(maxFailures int) int {
+	if maxFailures == 0 {
+		return -1
+	}
+	return maxFailures
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +23,7 @@ var stdin io.Reader = os.Stdin
 
 // dialer connects to peer and joins the PD of dir; ctx's deadline
 // bounds the connection and every operation on it.
-type dialer func(ctx context.Context, peer, dir string) (remote.Conn, error)
+type dialer func(ctx context.Context, peer, dir string, tok remote.Token) (remote.Conn, error)
 
 // Transport names, as user.mrfs.remote shows them.
 const (
@@ -36,8 +37,8 @@ const (
 var transports = map[string]dialer{transportTCP: dialSoft, transportRDMA: dialRDMA}
 
 // dialSoft is the soft TCP client.
-func dialSoft(ctx context.Context, peer, dir string) (remote.Conn, error) {
-	c, err := client.Dial(ctx, peer, dir)
+func dialSoft(ctx context.Context, peer, dir string, tok remote.Token) (remote.Conn, error) {
+	c, err := client.Dial(ctx, peer, dir, tok)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +79,8 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	}
 	f := flag.NewFlagSet("remote "+op, flag.ContinueOnError)
 	peer := f.String("peer", "", "host:port of the mrfs daemon (its remote.listen, as user.mrfs.remote shows it)")
-	pd := f.String("pd", "", "directory of the peer's mount whose PD to join; / is its root")
+	pd := f.String("pd", "", "directory of the peer's mount whose PD to join (/ is its root), or that directory's path where it is mounted here: then --peer, --token and --transport default to what it says")
+	tokenS := f.String("token", "", "the PD's token: user.mrfs.token of the directory (read from it when --pd is its path here)")
 	addrS := f.String("addr", "", "remote address (user.mrfs.addr)")
 	rkeyS := f.String("rkey", "", "remote key (user.mrfs.rkey)")
 	descS := f.String("desc", "", "the buffer's user.mrfs.desc (JSON, or @FILE): its regions give each part of the range its key, so a range may span regions; replaces --addr and --rkey")
@@ -105,15 +107,35 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 		}
 		return v, true, nil
 	}
-	if *peer == "" {
-		return usageError("remote %s: --peer is required", op)
-	}
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	if *pd == "" {
 		return usageError("remote %s: --pd is required (a directory of the peer's mount, / for its root)", op)
 	}
+	if here, ok := localPD(*pd); ok {
+		*pd = here.dir
+		if *peer == "" {
+			*peer = here.peer
+		}
+		if *tokenS == "" {
+			*tokenS = here.token
+		}
+		if !set["transport"] {
+			*transportS = here.transport
+		}
+	}
+	if *peer == "" {
+		return usageError("remote %s: --peer is required", op)
+	}
+	if *tokenS == "" {
+		return usageError("remote %s: --token is required (user.mrfs.token of the directory), unless --pd is the directory's path where it is mounted here", op)
+	}
+	tok, err := remote.ParseToken(*tokenS)
+	if err != nil {
+		return usageError("remote %s: --token: %v", op, err)
+	}
 	var regions []remote.Region
 	var addr, rkey uint64
-	var err error
 	if *descS != "" {
 		if *addrS != "" || *rkeyS != "" {
 			return usageError("remote %s: --desc replaces --addr and --rkey; give one or the other", op)
@@ -172,7 +194,7 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	c, err := dial(ctx, *peer, *pd)
+	c, err := dial(ctx, *peer, *pd, tok)
 	if err != nil {
 		return fmt.Errorf("remote %s over %s: %w", op, transport, err)
 	}
@@ -266,4 +288,28 @@ func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 		regions = append(regions, remote.Region{Addr: a, Length: n, RKey: uint32(k)})
 	}
 	return addr, regions, nil
+}
+
+// localDir is what an mrfs directory mounted here says of itself to
+// remote peers.
+type localDir struct{ transport, peer, dir, token string }
+
+// localPD reads path's user.mrfs.remote ("TRANSPORT HOST:PORT DIR") and
+// user.mrfs.token when path is a directory of an mrfs mount here with
+// remote access on; ok is false otherwise (path is then a PD's name in
+// the peer's mount).
+func localPD(path string) (localDir, bool) {
+	if !filepath.IsAbs(path) {
+		return localDir{}, false
+	}
+	where, err := getxattr(path, "user.mrfs.remote")
+	if err != nil {
+		return localDir{}, false
+	}
+	f := strings.SplitN(string(where), " ", 3)
+	tok, err := getxattr(path, "user.mrfs.token")
+	if len(f) != 3 || err != nil {
+		return localDir{}, false
+	}
+	return localDir{transport: f[0], peer: f[1], dir: f[2], token: string(tok)}, true
 }

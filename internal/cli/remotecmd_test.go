@@ -3,7 +3,9 @@ package cli
 import (
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"strings"
+	"syscall"
 	"testing"
 
 	"mrfs/remote"
@@ -21,6 +23,9 @@ type fakeRemote struct {
 
 const fakeIOVA, fakeRKey = 0x1000, 0x1234
 
+// fakeToken is the fake PD's token.
+const fakeToken = "00112233445566778899aabbccddeeff"
+
 // fakeDesc is a desc of the fake's region.
 const fakeDesc = `{"addr":"0x1000","regions":[{"addr":"0x1000","length":"4096","lkey":"0x1234","rkey":"0x1234"}]}`
 
@@ -34,7 +39,10 @@ func installFakeRemote(t *testing.T) *fakeRemote {
 			transports[name] = real // says how to get it
 			continue
 		}
-		transports[name] = func(_ context.Context, peer, dir string) (remote.Conn, error) {
+		transports[name] = func(_ context.Context, peer, dir string, tok remote.Token) (remote.Conn, error) {
+			if hex.EncodeToString(tok[:]) != fakeToken {
+				return nil, &remote.RefusedError{Errno: syscall.EACCES, Msg: "wrong token"}
+			}
 			f.dials = append(f.dials, name+" "+peer+" "+dir)
 			return &fakeConn{f: f}, nil
 		}
@@ -94,7 +102,7 @@ func (c *fakeConn) FetchAdd(iova uint64, rkey uint32, add uint64) (uint64, error
 // nothing.
 func TestRemoteUsageErrors(t *testing.T) {
 	f := installFakeRemote(t)
-	ok := []string{"--peer", "127.0.0.1:7471", "--pd", "/", "--addr", "0x1000", "--rkey", "0x1234"}
+	ok := []string{"--peer", "127.0.0.1:7471", "--pd", "/", "--token", fakeToken, "--addr", "0x1000", "--rkey", "0x1234"}
 	without := func(flag string) []string {
 		var a []string
 		for i := 0; i < len(ok); i += 2 {
@@ -114,6 +122,8 @@ func TestRemoteUsageErrors(t *testing.T) {
 		{[]string{"READ"}, `unknown operation "READ"`},
 		{append([]string{"write"}, without("--peer")...), "--peer is required"},
 		{append([]string{"write"}, without("--pd")...), "--pd is required"},
+		{append([]string{"write"}, without("--token")...), "--token is required"},
+		{append([]string{"write"}, with("--token", "0x12")...), "not 32 hex digits"},
 		{append([]string{"write"}, without("--addr")...), "--addr is required"},
 		{append([]string{"write"}, without("--rkey")...), "--rkey is required"},
 		{append([]string{"write"}, with("--pd", "")...), "--pd is required"},
@@ -138,10 +148,10 @@ func TestRemoteUsageErrors(t *testing.T) {
 		{append([]string{"write"}, with("extra")...), "want 0 argument(s), got 1"},
 		{append([]string{"write"}, with("--desc", fakeDesc)...), "--desc replaces --addr and --rkey"},
 		{append([]string{"write"}, with("--offset", "8")...), "--offset needs --desc"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", "{}"}, "--desc: it lists no regions"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", "not json"}, "--desc: not a desc"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", "@/nonexistent/desc"}, "no such file"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--desc", fakeDesc, "--offset", "4096"}, "--offset 4096: address 0x2000 is in no region"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", "{}"}, "--desc: it lists no regions"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", "not json"}, "--desc: not a desc"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", "@/nonexistent/desc"}, "no such file"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", fakeDesc, "--offset", "4096"}, "--offset 4096: address 0x2000 is in no region"},
 	} {
 		args := append([]string{"remote"}, tc.args...)
 		code, stdout, stderr := runCLI(args...)
@@ -160,7 +170,7 @@ func TestRemoteOperations(t *testing.T) {
 	f := installFakeRemote(t)
 	saved := stdin
 	t.Cleanup(func() { stdin = saved })
-	base := []string{"--peer", "10.0.0.1:7471", "--pd", "/tenant", "--rkey", "0x1234"}
+	base := []string{"--peer", "10.0.0.1:7471", "--pd", "/tenant", "--token", fakeToken, "--rkey", "0x1234"}
 	remote := func(op string, args ...string) (int, string, string) {
 		return runCLI(append(append([]string{"remote", op}, base...), args...)...)
 	}
@@ -214,7 +224,7 @@ func TestRemoteOperations(t *testing.T) {
 			t.Errorf("%q outside the region: exit %d, stdout %q, stderr %q; want exit 1, IBV_WC_REM_ACCESS_ERR", args, code, out, errs)
 		}
 	}
-	code, _, errs := runCLI("remote", "read", "--peer", "p:1", "--pd", "/", "--addr", "0x1000", "--rkey", "0x99", "--length", "1")
+	code, _, errs := runCLI("remote", "read", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--addr", "0x1000", "--rkey", "0x99", "--length", "1")
 	if code != exitFailure || !strings.Contains(errs, "IBV_WC_REM_ACCESS_ERR") || strings.Contains(errs, "usage:") {
 		t.Errorf("read with a wrong rkey: exit %d, stderr %q", code, errs)
 	}
@@ -250,7 +260,7 @@ func TestRemoteTransportMissing(t *testing.T) {
 	if defaultTransport != transportTCP {
 		t.Errorf("default transport %q without -tags rdma, want tcp", defaultTransport)
 	}
-	code, _, errs := runCLI("remote", "write", "--transport", "rdma", "--peer", "h:1", "--pd", "/", "--addr", "0", "--rkey", "0")
+	code, _, errs := runCLI("remote", "write", "--transport", "rdma", "--peer", "h:1", "--pd", "/", "--token", fakeToken, "--addr", "0", "--rkey", "0")
 	if code != exitFailure || !strings.Contains(errs, "no rdma_cm transport") || !strings.Contains(errs, "-tags rdma") {
 		t.Errorf("--transport rdma without -tags rdma: exit %d, stderr %q", code, errs)
 	}

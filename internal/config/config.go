@@ -102,6 +102,10 @@ type Remote struct {
 	AllowFrom []netip.Prefix
 	// MaxConnections (remote.max_connections) bounds connected peers.
 	MaxConnections int
+	// MaxFailures (remote.max_failures) is how many failed attempts
+	// (wrong tokens, remote access errors) one source may make within a
+	// minute before it is refused for a minute; 0: no limit.
+	MaxFailures int
 	// MaxMessageSize (remote.max_message_size) bounds one READ or WRITE.
 	MaxMessageSize Size
 	// Timeout (remote.timeout) bounds how long a started frame, the hello
@@ -153,6 +157,7 @@ func Default() Config {
 		Remote: Remote{
 			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 			MaxConnections: 64,
+			MaxFailures:    10,
 			MaxMessageSize: 16 << 20,
 			Timeout:        10 * time.Second,
 		},

@@ -149,6 +149,7 @@ output = "/var/log/mrfs.log"
 listen = "127.0.0.1:7471"
 allow_from = ["10.0.0.0/8", "192.168.1.7", "fd00::/8"]
 max_connections = 8
+max_failures = 3
 max_message_size = "1MiB"
 timeout = "1500ms"
 
@@ -174,6 +175,7 @@ listen = "127.0.0.1:9471"
 			Listen:         "127.0.0.1:7471",
 			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.7/32"), netip.MustParsePrefix("fd00::/8")},
 			MaxConnections: 8,
+			MaxFailures:    3,
 			MaxMessageSize: 1 << 20,
 			Timeout:        1500 * time.Millisecond,
 		},

@@ -54,6 +54,7 @@ type file struct {
 		Listen         string     `toml:"listen"`
 		AllowFrom      prefixList `toml:"allow_from"`
 		MaxConnections int        `toml:"max_connections"`
+		MaxFailures    int        `toml:"max_failures"`
 		MaxMessageSize Size       `toml:"max_message_size"`
 		Timeout        duration   `toml:"timeout"`
 	} `toml:"remote"`
@@ -80,6 +81,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	f.Log.Level, f.Log.Format, f.Log.Output = levelName(name), d.Log.Format, d.Log.Output
 	f.Log.FuseRequests = d.Log.FuseRequests
 	f.Remote.Listen, f.Remote.AllowFrom, f.Remote.MaxConnections = d.Remote.Listen, d.Remote.AllowFrom, d.Remote.MaxConnections
+	f.Remote.MaxFailures = d.Remote.MaxFailures
 	f.Remote.MaxMessageSize, f.Remote.Timeout = d.Remote.MaxMessageSize, duration(d.Remote.Timeout)
 
 	md, err := toml.Decode(string(data), &f)
@@ -110,6 +112,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 			Listen:         f.Remote.Listen,
 			AllowFrom:      f.Remote.AllowFrom,
 			MaxConnections: f.Remote.MaxConnections,
+			MaxFailures:    f.Remote.MaxFailures,
 			MaxMessageSize: f.Remote.MaxMessageSize,
 			Timeout:        time.Duration(f.Remote.Timeout),
 		},

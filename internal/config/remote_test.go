@@ -13,6 +13,7 @@ func TestRemoteDefaults(t *testing.T) {
 		Listen:         "", // off: nothing listens unless asked
 		AllowFrom:      []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		MaxConnections: 64,
+		MaxFailures:    10,
 		MaxMessageSize: 16 << 20,
 		Timeout:        10 * time.Second,
 	}

@@ -124,6 +124,9 @@ func (c Config) Validate() error {
 			bad("remote.listen", "%q: %s", r.Listen, err)
 		}
 	}
+	if r.MaxFailures < 0 {
+		bad("remote.max_failures", "%d: want 0 (no limit) or more", r.MaxFailures)
+	}
 	if r.MaxConnections < 1 {
 		bad("remote.max_connections", "%d: want at least 1", r.MaxConnections)
 	}

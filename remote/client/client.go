@@ -6,7 +6,8 @@
 // in error returns a *remote.StatusError carrying the ibv_wc_status a
 // real requester would see, and a refused hello a *remote.RefusedError.
 //
-//	c, err := client.Dial(ctx, "127.0.0.1:7471", "/")
+//	tok, err := remote.ParseToken(token) // user.mrfs.token of the directory
+//	c, err := client.Dial(ctx, "127.0.0.1:7471", "/", tok)
 //	err = c.Write(addr, rkey, data)
 //	if remote.Status(err) == verbs.WCRemAccessErr { ... }
 //
@@ -45,15 +46,16 @@ type Conn struct {
 }
 
 // Dial connects to peer (host:port) and asks for a queue pair in the PD
-// of dir, a directory of the peer's mount ("/" is its root). ctx bounds
-// the connect and the hello.
-func Dial(ctx context.Context, peer, dir string) (*Conn, error) {
+// of dir, a directory of the peer's mount ("/" is its root), presenting
+// tok, that directory's user.mrfs.token. ctx bounds the connect and the
+// hello.
+func Dial(ctx context.Context, peer, dir string, tok remote.Token) (*Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", peer)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", peer, err)
 	}
-	c, err := handshake(ctx, nc, dir)
+	c, err := handshake(ctx, nc, dir, tok)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("hello to %s for %q: %w", peer, dir, err)
@@ -61,13 +63,13 @@ func Dial(ctx context.Context, peer, dir string) (*Conn, error) {
 	return c, nil
 }
 
-func handshake(ctx context.Context, nc net.Conn, dir string) (*Conn, error) {
+func handshake(ctx context.Context, nc net.Conn, dir string, tok remote.Token) (*Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	b, err := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: dir})
+	b, err := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: dir, Token: tok})
 	if err != nil {
 		return nil, err
 	}

@@ -17,8 +17,9 @@ import (
 	"io"
 )
 
-// Version is the protocol version this package speaks.
-const Version = 1
+// Version is the protocol version this package speaks: 2 added the
+// PD's token to HELLO.
+const Version = 2
 
 // Magic opens every HELLO body, so that a stray client (an HTTP probe, a
 // port scanner) is told apart from an mrfs peer at once.
@@ -59,6 +60,8 @@ func (t Type) IsOp() bool { return t >= TypeRead && t <= TypeFetchAdd }
 // Sizes and limits of the format.
 const (
 	HeaderSize = 16
+	// TokenSize is a PD token's size: 128 bits.
+	TokenSize = 16
 	// MaxPath bounds the directory a HELLO names (PATH_MAX).
 	MaxPath = 4096
 	// MaxErrMsg bounds the text of a HELLO_ERR.
@@ -67,12 +70,13 @@ const (
 	// announce: InfiniBand's 2 GiB.
 	MaxMessageLimit = 1 << 31
 
-	helloFixed  = 8  // magic, version, path length
-	helloOKSize = 12 // version, reserved, pd, max message
-	opFixed     = 16 // iova, rkey, length or reserved
-	casSize     = 32
-	faddSize    = 24
-	complFixed  = 8 // status, opcode, reserved
+	helloFixed     = 24 // magic, version, path length, token
+	helloVersioned = 6  // magic, version: what every version's HELLO starts with
+	helloOKSize    = 12 // version, reserved, pd, max message
+	opFixed        = 16 // iova, rkey, length or reserved
+	casSize        = 32
+	faddSize       = 24
+	complFixed     = 8 // status, opcode, reserved
 )
 
 // Frame is one decoded frame. Only the fields of its Type are used; the
@@ -82,10 +86,12 @@ type Frame struct {
 	// WRID is the requester's work request id, echoed in the completion.
 	WRID uint64
 
-	// HELLO: Version, Path. HELLO_OK: Version, PD, MaxMessage.
-	// HELLO_ERR: Errno, Msg.
+	// HELLO: Version, Path, Token. HELLO_OK: Version, PD, MaxMessage.
+	// HELLO_ERR: Errno, Msg. A HELLO of another version decodes to its
+	// Version alone, for the server to refuse.
 	Version    uint16
 	Path       string
+	Token      [TokenSize]byte // the PD's (user.mrfs.token)
 	PD         uint32
 	MaxMessage uint32
 	Errno      uint32
@@ -112,6 +118,17 @@ type Frame struct {
 // ErrProtocol matches every decoding error (errors.Is): the peer broke the
 // format, and the connection cannot be trusted to stay in step.
 var ErrProtocol = errors.New("protocol violation")
+
+// VersionError is a HELLO of a version this package does not speak: a
+// protocol violation (errors.Is ErrProtocol) that the server answers
+// with HELLO_ERR EPROTONOSUPPORT, since the peer may be an older mrfs.
+type VersionError struct{ Version uint16 }
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("%v: HELLO of version %d; this mrfs speaks %d", ErrProtocol, e.Version, Version)
+}
+
+func (e *VersionError) Is(target error) bool { return target == ErrProtocol }
 
 // ErrShort is returned by Decode when b holds only part of a frame.
 var ErrShort = errors.New("incomplete frame")
@@ -150,7 +167,9 @@ func bodyLimit(h header, maxMsg uint32) error {
 	}
 	switch h.typ {
 	case TypeHello:
-		if n < helloFixed || n > helloFixed+MaxPath {
+		// Any version's magic and version, so that a peer of another
+		// version is told so; this version's length is checked with them.
+		if n < helloVersioned || n > helloFixed+MaxPath {
 			return violation("HELLO body is %d bytes, want %d to %d", n, helloFixed, helloFixed+MaxPath)
 		}
 	case TypeHelloOK:
@@ -196,10 +215,17 @@ func parseBody(h header, body []byte) (Frame, error) {
 			return f, violation("HELLO does not start with %q", Magic)
 		}
 		f.Version = be.Uint16(body[4:])
+		if f.Version != Version {
+			return f, &VersionError{f.Version} // another layout
+		}
+		if len(body) < helloFixed {
+			return f, violation("HELLO body is %d bytes, want at least %d", len(body), helloFixed)
+		}
 		plen := int(be.Uint16(body[6:]))
 		if plen != len(body)-helloFixed {
 			return f, violation("HELLO path length %d does not match its body (%d bytes of path)", plen, len(body)-helloFixed)
 		}
+		copy(f.Token[:], body[8:helloFixed])
 		f.Path = string(body[helloFixed:])
 	case TypeHelloOK:
 		f.Version = be.Uint16(body)
@@ -392,7 +418,7 @@ func appendFrame(dst []byte, f Frame, withData bool) ([]byte, error) {
 		body = append([]byte(Magic), 0, 0, 0, 0)
 		be.PutUint16(body[4:], f.Version)
 		be.PutUint16(body[6:], uint16(len(f.Path)))
-		dst = append(append(dst, body...), f.Path...)
+		dst = append(append(append(dst, body...), f.Token[:]...), f.Path...)
 	case TypeHelloOK:
 		if f.MaxMessage == 0 || f.MaxMessage > MaxMessageLimit {
 			return dst[:start], fmt.Errorf("encode HELLO_OK: max message size %d is out of range", f.MaxMessage)

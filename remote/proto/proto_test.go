@@ -16,7 +16,7 @@ const testMax = 1 << 16
 // as fuzz seeds.
 var samples = []Frame{
 	{Type: TypeHello, WRID: 0, Version: Version, Path: "/"},
-	{Type: TypeHello, Version: 7, Path: "/tenant/a"},
+	{Type: TypeHello, Version: Version, Path: "/tenant/a", Token: [TokenSize]byte{1, 2, 3, 15: 0xff}},
 	{Type: TypeHelloOK, Version: Version, PD: 3, MaxMessage: 16 << 20},
 	{Type: TypeHelloErr, Errno: 2, Msg: "no directory \"/x\""},
 	{Type: TypeRead, WRID: 1, IOVA: 0x7f0000001000, RKey: 0x1a7, Length: 4096},
@@ -99,11 +99,13 @@ func TestRefused(t *testing.T) {
 	flags[1] = 1
 	reserved := append([]byte{}, write...)
 	reserved[HeaderSize+12] = 1
-	hello := mustAppend(t, Frame{Type: TypeHello, Version: 1, Path: "/a"})
+	hello := mustAppend(t, Frame{Type: TypeHello, Version: Version, Path: "/a"})
 	badMagic := append([]byte{}, hello...)
 	badMagic[HeaderSize] = 'X'
 	badPathLen := append([]byte{}, hello...)
 	badPathLen[HeaderSize+7] = 9
+	oldHello := append([]byte{}, hello...)
+	oldHello[HeaderSize+5] = 1 // version 1: no token
 	compl := mustAppend(t, Frame{Type: TypeCompletion, Op: TypeWrite})
 	complData := append(append([]byte{}, compl...), 'x')
 	binary.BigEndian.PutUint32(complData[4:], 9)
@@ -124,6 +126,8 @@ func TestRefused(t *testing.T) {
 		{"hello huge path", rawHeader(TypeHello, helloFixed+MaxPath+1), "HELLO body"},
 		{"hello magic", badMagic, "MRFS"},
 		{"hello path length", badPathLen, "path length"},
+		{"hello of version 1", oldHello, "version 1"},
+		{"hello without its token", append(rawHeader(TypeHello, 8), "MRFS\x00\x02\x00\x00"...), "HELLO body"},
 		{"completion payload", complData, "carries 1 bytes"},
 		{"completion of a non-op", complOp, "not an operation"},
 	} {

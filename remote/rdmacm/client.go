@@ -26,6 +26,9 @@ type DialOptions struct {
 	// BufSize is the local buffer registered at connect time; larger
 	// operations register a larger one. 0 is 64 KiB.
 	BufSize int
+	// Token is the PD's (user.mrfs.token of the directory): without the
+	// right one mrfs refuses the connection with EACCES.
+	Token remote.Token
 }
 
 // Conn is a client connection: its own PD, an RC QP connected to a QP
@@ -53,7 +56,7 @@ const MaxMessage = 1 << 31
 
 // DialContext is Dial with each step bounded by what is left of ctx's
 // deadline (10 s without one).
-func DialContext(ctx context.Context, peer, dir string) (*Conn, error) {
+func DialContext(ctx context.Context, peer, dir string, tok remote.Token) (*Conn, error) {
 	timeout := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
@@ -61,13 +64,14 @@ func DialContext(ctx context.Context, peer, dir string) (*Conn, error) {
 	if timeout <= 0 {
 		return nil, fmt.Errorf("connect to %s: %w", peer, context.DeadlineExceeded)
 	}
-	return Dial(peer, dir, DialOptions{Timeout: timeout})
+	return Dial(peer, dir, DialOptions{Timeout: timeout, Token: tok})
 }
 
 // Dial connects to the mrfs at peer ("10.0.2.15:7471") and asks for a
 // QP in the PD of dir (relative to the mount's root). A refusal by mrfs
 // is a *remote.RefusedError with its errno (ENOENT: no such directory;
-// EACCES: not in allow_from; EBUSY: too many connections);
+// EACCES: not in allow_from, a wrong token, or a source refused for a
+// while after failures; EBUSY: too many connections);
 // ECONNREFUSED when nothing listens there.
 func Dial(peer, dir string, opt DialOptions) (*Conn, error) {
 	if opt.Timeout <= 0 {
@@ -76,7 +80,7 @@ func Dial(peer, dir string, opt DialOptions) (*Conn, error) {
 	if opt.BufSize <= 0 {
 		opt.BufSize = 64 << 10
 	}
-	priv, err := encodeConnect(dir)
+	priv, err := encodeConnect(dir, opt.Token)
 	if err != nil {
 		return nil, err
 	}

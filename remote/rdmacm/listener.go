@@ -220,7 +220,7 @@ func (l *Listener) accept(ev ibv.Event) {
 		reject(remote.Errno(err, syscall.EACCES), err.Error())
 		return
 	}
-	dir, err := decodeConnect(ev.Private)
+	dir, tok, err := decodeConnect(ev.Private)
 	if err != nil {
 		release()
 		reject(syscall.EPROTO, err.Error())
@@ -247,6 +247,11 @@ func (l *Listener) accept(ev ibv.Event) {
 	if err != nil {
 		unreserve()
 		reject(remote.Errno(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
+		return
+	}
+	if err := l.gate.CheckToken(peer.Addr(), dir, dom, tok); err != nil {
+		unreserve()
+		reject(syscall.EACCES, err.Error())
 		return
 	}
 	// Attached first, so that an rmdir from now on closes it; c.mu held

@@ -14,19 +14,23 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"mrfs/remote"
 )
 
-// Private data of a connect request: "MRFS", the version, the length of
-// the path, the path of the PD directory relative to the mount's root.
-// Over IB and RoCE the request carries 56 bytes of private data and the
-// receiver sees them all, zero-padded, hence the explicit length.
+// Private data of a connect request: "MRFS", the version, the PD's token
+// (16 bytes), the length of the path, the path of the PD directory
+// relative to the mount's root. Over IB and RoCE the request carries 56
+// bytes of private data and the receiver sees them all, zero-padded,
+// hence the explicit length. Version 2 added the token.
 //
 // Private data of a reject: "MRFS", the version, an errno (big endian
 // uint16), the length of a message and the message (for people).
 const (
 	magic       = "MRFS"
-	version     = 1
-	connectHdr  = len(magic) + 2
+	version     = 2
+	connectHdr  = len(magic) + 1 + tokenSize + 1
+	tokenSize   = len(remote.Token{})
 	rejectHdr   = len(magic) + 4
 	maxConnect  = 56 // ibv.MaxPrivateConnect
 	maxReject   = 148
@@ -36,36 +40,43 @@ const (
 // ErrPrivateData matches a malformed connect request or reject.
 var ErrPrivateData = errors.New("malformed rdma_cm private data")
 
-// encodeConnect is the private data naming dir.
-func encodeConnect(dir string) ([]byte, error) {
+// encodeConnect is the private data naming dir, with its PD's token.
+func encodeConnect(dir string, tok remote.Token) ([]byte, error) {
 	if len(dir) > MaxDirBytes {
 		return nil, fmt.Errorf("directory %q is %d bytes; a connect request carries at most %d: %w", dir, len(dir), MaxDirBytes, syscall.ENAMETOOLONG)
 	}
 	b := make([]byte, 0, connectHdr+len(dir))
 	b = append(b, magic...)
-	b = append(b, version, byte(len(dir)))
+	b = append(b, version)
+	b = append(b, tok[:]...)
+	b = append(b, byte(len(dir)))
 	return append(b, dir...), nil
 }
 
-// decodeConnect reads the directory a connect request names.
-func decodeConnect(b []byte) (string, error) {
-	if len(b) < connectHdr || string(b[:len(magic)]) != magic {
-		return "", fmt.Errorf("%w: no mrfs header (%d bytes)", ErrPrivateData, len(b))
+// decodeConnect reads the directory a connect request names and the
+// token it presents.
+func decodeConnect(b []byte) (dir string, tok remote.Token, err error) {
+	if len(b) < len(magic)+1 || string(b[:len(magic)]) != magic {
+		return "", tok, fmt.Errorf("%w: no mrfs header (%d bytes)", ErrPrivateData, len(b))
 	}
 	if v := b[len(magic)]; v != version {
-		return "", fmt.Errorf("%w: version %d, this mrfs speaks %d", ErrPrivateData, v, version)
+		return "", tok, fmt.Errorf("%w: version %d, this mrfs speaks %d", ErrPrivateData, v, version)
 	}
-	n := int(b[len(magic)+1])
+	if len(b) < connectHdr {
+		return "", tok, fmt.Errorf("%w: no token (%d bytes)", ErrPrivateData, len(b))
+	}
+	copy(tok[:], b[len(magic)+1:])
+	n := int(b[connectHdr-1])
 	if connectHdr+n > len(b) {
-		return "", fmt.Errorf("%w: path of %d bytes in %d bytes of private data", ErrPrivateData, n, len(b))
+		return "", tok, fmt.Errorf("%w: path of %d bytes in %d bytes of private data", ErrPrivateData, n, len(b))
 	}
-	dir := string(b[connectHdr : connectHdr+n])
+	dir = string(b[connectHdr : connectHdr+n])
 	for _, c := range []byte(dir) {
 		if c == 0 {
-			return "", fmt.Errorf("%w: NUL in the path", ErrPrivateData)
+			return "", tok, fmt.Errorf("%w: NUL in the path", ErrPrivateData)
 		}
 	}
-	return dir, nil
+	return dir, tok, nil
 }
 
 // encodeReject is the private data of a reject for errno with msg,

@@ -5,38 +5,43 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"mrfs/remote"
 )
 
 func TestConnectRoundTrip(t *testing.T) {
+	tok := remote.Token{1, 2, 3, 15: 0xff}
 	for _, dir := range []string{"", "/", "tenant", "a/b/c", strings.Repeat("x", MaxDirBytes)} {
-		b, err := encodeConnect(dir)
+		b, err := encodeConnect(dir, tok)
 		if err != nil {
 			t.Fatalf("encode %q: %v", dir, err)
 		}
 		// The receiver sees the CM message's whole field, zero-padded.
 		padded := append(b, make([]byte, maxConnect-len(b))...)
-		got, err := decodeConnect(padded)
-		if err != nil || got != dir {
-			t.Errorf("decode(encode(%q)) = %q, %v", dir, got, err)
+		got, gotTok, err := decodeConnect(padded)
+		if err != nil || got != dir || gotTok != tok {
+			t.Errorf("decode(encode(%q)) = %q, %x, %v", dir, got, gotTok, err)
 		}
 	}
-	if _, err := encodeConnect(strings.Repeat("x", MaxDirBytes+1)); !errors.Is(err, syscall.ENAMETOOLONG) {
+	if _, err := encodeConnect(strings.Repeat("x", MaxDirBytes+1), tok); !errors.Is(err, syscall.ENAMETOOLONG) {
 		t.Errorf("too long a directory: %v, want ENAMETOOLONG", err)
 	}
 }
 
 func TestConnectRejectsGarbage(t *testing.T) {
-	good, _ := encodeConnect("dir")
+	good, _ := encodeConnect("dir", remote.Token{})
+	head := append([]byte("MRFS\x02"), make([]byte, tokenSize)...)
 	bad := map[string][]byte{
 		"empty":       nil,
 		"short":       []byte("MRF"),
 		"magic":       append([]byte("XXXX"), good[4:]...),
-		"version":     append(append([]byte("MRFS"), 2), good[5:]...),
-		"length":      append([]byte("MRFS\x01\x20"), "dir"...),
-		"nul in path": append([]byte("MRFS\x01\x03"), "d\x00r"...),
+		"version 1":   append([]byte("MRFS\x01\x03"), "dir"...),
+		"no token":    []byte("MRFS\x02\x03dir"),
+		"length":      append(append(head, 0x20), "dir"...),
+		"nul in path": append(append(head, 3), "d\x00r"...),
 	}
 	for name, b := range bad {
-		if _, err := decodeConnect(b); !errors.Is(err, ErrPrivateData) {
+		if _, _, err := decodeConnect(b); !errors.Is(err, ErrPrivateData) {
 			t.Errorf("%s: %v, want ErrPrivateData", name, err)
 		}
 	}

@@ -24,8 +24,8 @@ type Transport struct {
 	// resolve, and returns the address to dial; the listener closes at
 	// the test's cleanup.
 	Listen func(t *testing.T, p remote.Policy, resolve remote.Resolver) string
-	// Dial connects to addr and asks for the PD of dir.
-	Dial func(ctx context.Context, addr, dir string) (remote.Conn, error)
+	// Dial connects to addr and asks for the PD of dir with tok.
+	Dial func(ctx context.Context, addr, dir string, tok remote.Token) (remote.Conn, error)
 	// Peer is the address the listener sees this process dial from.
 	Peer netip.Addr
 	// Domain is a PD of the transport's device: the resolver's "/".
@@ -48,34 +48,58 @@ func RunAdmission(t *testing.T, tr Transport) {
 	policy := func(max int, allow ...netip.Prefix) remote.Policy {
 		return remote.Policy{AllowFrom: allow, MaxConns: max, MaxMessage: 1 << 20, Timeout: 5 * time.Second}
 	}
+	good, err := remote.ParseToken(tr.Domain.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := good
+	bad[0] ^= 1
 	for _, c := range []struct {
 		name string
 		p    remote.Policy
 		dir  string
+		tok  remote.Token
 		want syscall.Errno // 0: admitted
 	}{
-		{"allow_from empty admits nobody", policy(4), "/", syscall.EACCES},
-		{"peer outside allow_from", policy(4, other), "/", syscall.EACCES},
-		{"peer inside allow_from", policy(4, other, self), "/", 0},
-		{"no such directory", policy(4, self), "/nope", syscall.ENOENT},
-		{"not a directory", policy(4, self), "/file", syscall.ENOTDIR},
+		{"allow_from empty admits nobody", policy(4), "/", good, syscall.EACCES},
+		{"peer outside allow_from", policy(4, other), "/", good, syscall.EACCES},
+		{"peer inside allow_from", policy(4, other, self), "/", good, 0},
+		{"no such directory", policy(4, self), "/nope", good, syscall.ENOENT},
+		{"not a directory", policy(4, self), "/file", good, syscall.ENOTDIR},
+		{"wrong token", policy(4, self), "/", bad, syscall.EACCES},
+		{"no token", policy(4, self), "/", remote.Token{}, syscall.EACCES},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			addr := tr.Listen(t, c.p, resolve)
-			err := dialOnce(t, tr, addr, c.dir)
+			err := dialOnce(t, tr, addr, c.dir, c.tok)
 			wantRefusal(t, err, c.want)
 		})
 	}
 
+	// A source that keeps presenting wrong tokens is refused for a
+	// while, even with the right one; then admitted again.
+	t.Run("a source that keeps failing", func(t *testing.T) {
+		p := policy(4, self)
+		p.FailLimit, p.FailBlock = 3, 2*time.Second
+		addr := tr.Listen(t, p, resolve)
+		for range p.FailLimit {
+			wantRefusal(t, dialOnce(t, tr, addr, "/", bad), syscall.EACCES)
+		}
+		blocked := time.Now()
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EACCES)
+		time.Sleep(time.Until(blocked.Add(p.FailBlock)))
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), 0)
+	})
+
 	t.Run("max_connections", func(t *testing.T) {
 		addr := tr.Listen(t, policy(1, self), resolve)
-		first := dial(t, tr, addr, "/")
-		wantRefusal(t, dialOnce(t, tr, addr, "/"), syscall.EBUSY)
+		first := dial(t, tr, addr, "/", good)
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EBUSY)
 		first.Close()
 		// The slot frees once the listener sees the close.
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			err := dialOnce(t, tr, addr, "/")
+			err := dialOnce(t, tr, addr, "/", good)
 			if err == nil {
 				break
 			}
@@ -89,19 +113,19 @@ func RunAdmission(t *testing.T, tr Transport) {
 	t.Run("still mounting", func(t *testing.T) {
 		var pending remote.Pending
 		addr := tr.Listen(t, policy(4, self), pending.Resolve)
-		wantRefusal(t, dialOnce(t, tr, addr, "/"), syscall.EAGAIN)
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EAGAIN)
 		pending.Set(resolve)
-		wantRefusal(t, dialOnce(t, tr, addr, "/"), 0)
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), 0)
 	})
 }
 
 // dial connects and fails the test unless admitted; the connection
 // closes at cleanup.
-func dial(t *testing.T, tr Transport, addr, dir string) remote.Conn {
+func dial(t *testing.T, tr Transport, addr, dir string, tok remote.Token) remote.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := tr.Dial(ctx, addr, dir)
+	c, err := tr.Dial(ctx, addr, dir, tok)
 	if err != nil {
 		t.Fatalf("dial %s for %s: %v", addr, dir, err)
 	}
@@ -112,11 +136,11 @@ func dial(t *testing.T, tr Transport, addr, dir string) remote.Conn {
 // dialOnce connects and, when admitted, proves the connection is a real
 // queue pair in the PD (a WRITE with a key nothing has completes with
 // REM_ACCESS_ERR) and closes it.
-func dialOnce(t *testing.T, tr Transport, addr, dir string) error {
+func dialOnce(t *testing.T, tr Transport, addr, dir string, tok remote.Token) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := tr.Dial(ctx, addr, dir)
+	c, err := tr.Dial(ctx, addr, dir, tok)
 	if err != nil {
 		return err
 	}

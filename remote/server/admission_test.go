@@ -40,8 +40,8 @@ func TestAdmission(t *testing.T) {
 			t.Cleanup(func() { s.Close() })
 			return ln.Addr().String()
 		},
-		Dial: func(ctx context.Context, addr, dir string) (remote.Conn, error) {
-			return client.Dial(ctx, addr, dir)
+		Dial: func(ctx context.Context, addr, dir string, tok remote.Token) (remote.Conn, error) {
+			return client.Dial(ctx, addr, dir, tok)
 		},
 		Peer:   netip.MustParseAddr("127.0.0.1"),
 		Domain: dom,

@@ -39,7 +39,7 @@ func benchSoft(b *testing.B, size int, write bool) {
 		b.Fatal(err)
 	}
 	info := buf.Info()
-	c, err := client.Dial(context.Background(), e.addr, "/")
+	c, err := client.Dial(context.Background(), e.addr, "/", e.tok("/"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -155,6 +155,7 @@ func (s *Server) admit(c net.Conn) {
 type conn struct {
 	s    *Server
 	c    net.Conn
+	addr netip.Addr // the peer's, for the gate's failure count
 	r    *proto.Reader
 	resp verbs.Responder
 	log  *slog.Logger
@@ -166,6 +167,9 @@ type conn struct {
 
 func (s *Server) serve(c net.Conn) {
 	k := &conn{s: s, c: c, log: s.log.With("peer", c.RemoteAddr().String())}
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		k.addr = ta.AddrPort().Addr()
+	}
 	k.r = proto.NewReader(bufio.NewReaderSize(c, 64<<10), s.p.MaxMessage)
 	detach, err := k.hello()
 	if err != nil {
@@ -189,23 +193,27 @@ func (s *Server) serve(c net.Conn) {
 // goes. A refusal is answered with HELLO_ERR and an errno.
 func (k *conn) hello() (detach func(), err error) {
 	k.c.SetReadDeadline(time.Now().Add(k.s.p.Timeout))
+	refuse := func(errno syscall.Errno, err error) (func(), error) {
+		k.send(proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(errno), Msg: err.Error()})
+		return nil, err
+	}
 	f, err := k.r.Next()
-	if err != nil {
+	var ve *proto.VersionError
+	switch {
+	case errors.As(err, &ve):
+		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", ve.Version, proto.Version))
+	case err != nil:
 		return nil, fmt.Errorf("read hello: %w", err)
 	}
 	if f.Type != proto.TypeHello {
 		return nil, fmt.Errorf("%w: first frame is %s, want HELLO", proto.ErrProtocol, f.Type)
 	}
-	refuse := func(errno syscall.Errno, err error) (func(), error) {
-		k.send(proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(errno), Msg: err.Error()})
-		return nil, err
-	}
-	if f.Version != proto.Version {
-		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", f.Version, proto.Version))
-	}
 	dom, err := k.s.resolve(f.Path)
 	if err != nil {
 		return refuse(remote.Errno(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
+	}
+	if err := k.s.gate.CheckToken(k.addr, f.Path, dom, f.Token); err != nil {
+		return refuse(syscall.EACCES, err)
 	}
 	rp, ok := dom.VerbsPD().(verbs.ResponderPD)
 	if !ok {
@@ -277,6 +285,9 @@ func (k *conn) execute(f proto.Frame) proto.Frame {
 	}
 	c.Status = uint32(st)
 	k.s.gate.Events().Completed(st)
+	if st == verbs.WCRemAccessErr {
+		k.s.gate.Failed(k.addr, "access")
+	}
 	if st != verbs.WCSuccess {
 		c.Data, c.Old = nil, 0
 		k.failed = true

@@ -86,11 +86,20 @@ func (e *env) buffer(t *testing.T, dir string, size uint64) (*buffer.Buffer, buf
 	return b, b.Info()
 }
 
-func dial(t *testing.T, addr, dir string) *client.Conn {
+// tok is dir's token (the zero token for a directory that is not there).
+func (e *env) tok(dir string) remote.Token {
+	var t remote.Token
+	if d, ok := e.doms[dir]; ok {
+		t, _ = remote.ParseToken(d.Token())
+	}
+	return t
+}
+
+func dial(t *testing.T, e *env, dir string) *client.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, addr, dir)
+	c, err := client.Dial(ctx, e.addr, dir, e.tok(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +110,7 @@ func dial(t *testing.T, addr, dir string) *client.Conn {
 func TestOps(t *testing.T) {
 	e := setup(t, remote.Policy{})
 	b, info := e.buffer(t, "/", 8192)
-	c := dial(t, e.addr, "/")
+	c := dial(t, e, "/")
 	if c.PD() != e.doms["/"].PD() || c.MaxMessage() != 1<<20 {
 		t.Errorf("PD %d, max message %d", c.PD(), c.MaxMessage())
 	}
@@ -148,7 +157,7 @@ func TestErrorStateFlushes(t *testing.T) {
 	e := setup(t, remote.Policy{})
 	_, info := e.buffer(t, "/", 4096)
 	_, other := e.buffer(t, "/b", 4096)
-	c := dial(t, e.addr, "/")
+	c := dial(t, e, "/")
 	if err := c.Write(uint64(other.Addr), other.RKey, []byte("x")); remote.Status(err) != verbs.WCRemAccessErr {
 		t.Fatalf("WRITE into another PD's buffer: %v, want REM_ACCESS_ERR", err)
 	}
@@ -159,11 +168,11 @@ func TestErrorStateFlushes(t *testing.T) {
 	if _, err := c.FetchAdd(uint64(info.Addr)+1, info.RKey, 1); remote.Status(err) != verbs.WCWRFlushErr {
 		t.Errorf("FADD after the error: %v, want WR_FLUSH_ERR", err)
 	}
-	c2 := dial(t, e.addr, "/")
+	c2 := dial(t, e, "/")
 	if _, err := c2.FetchAdd(uint64(info.Addr)+4, info.RKey, 1); remote.Status(err) != verbs.WCRemInvReqErr {
 		t.Errorf("misaligned FADD: %v, want REM_INV_REQ_ERR", err)
 	}
-	c3 := dial(t, e.addr, "/")
+	c3 := dial(t, e, "/")
 	if err := c3.Write(uint64(info.Addr), info.RKey, []byte("x")); err != nil {
 		t.Errorf("WRITE on a new connection: %v", err)
 	}
@@ -172,7 +181,7 @@ func TestErrorStateFlushes(t *testing.T) {
 func TestHelloRefused(t *testing.T) {
 	e := setup(t, remote.Policy{})
 	ctx := context.Background()
-	if _, err := client.Dial(ctx, e.addr, "/nope"); !errors.Is(err, syscall.ENOENT) {
+	if _, err := client.Dial(ctx, e.addr, "/nope", e.tok("/nope")); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("Dial of a missing directory: %v, want ENOENT", err)
 	}
 	// A version this server does not speak.
@@ -192,7 +201,7 @@ func TestHelloRefused(t *testing.T) {
 // rmdir (Domain.Close) closes the PD's connections before the PD goes.
 func TestDomainCloseEndsConnections(t *testing.T) {
 	e := setup(t, remote.Policy{})
-	c := dial(t, e.addr, "/b")
+	c := dial(t, e, "/b")
 	if err := e.doms["/b"].Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +215,7 @@ func TestAllowFrom(t *testing.T) {
 	e := setup(t, remote.Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, e.addr, "/")
+	c, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
 	if err == nil {
 		c.Close()
 	}
@@ -217,10 +226,10 @@ func TestAllowFrom(t *testing.T) {
 
 func TestMaxConnections(t *testing.T) {
 	e := setup(t, remote.Policy{MaxConns: 1})
-	c := dial(t, e.addr, "/")
+	c := dial(t, e, "/")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c2, err := client.Dial(ctx, e.addr, "/")
+	c2, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
 	if err == nil {
 		c2.Close()
 	}
@@ -231,7 +240,7 @@ func TestMaxConnections(t *testing.T) {
 	// The slot frees once the server sees the close.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c2, err := client.Dial(ctx, e.addr, "/")
+		c2, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
 		if err == nil {
 			c2.Close()
 			break
@@ -247,8 +256,8 @@ func TestMaxConnections(t *testing.T) {
 func TestHostilePeers(t *testing.T) {
 	e := setup(t, remote.Policy{Timeout: 300 * time.Millisecond, MaxMessage: 4096})
 	_, info := e.buffer(t, "/", 4096)
-	good := dial(t, e.addr, "/")
-	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/"})
+	good := dial(t, e, "/")
+	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/", Token: e.tok("/")})
 	write, _ := proto.Append(nil, proto.Frame{Type: proto.TypeWrite, IOVA: uint64(info.Addr), RKey: info.RKey, Data: []byte("evil")})
 	huge := append([]byte{byte(proto.TypeWrite), 0, 0, 0, 0xff, 0xff, 0xff, 0xff}, make([]byte, 8)...)
 	unknown := append([]byte{0x7e, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 8)...)
@@ -315,5 +324,27 @@ func TestHostilePeers(t *testing.T) {
 	got := make([]byte, 4)
 	if err := good.Read(got, uint64(info.Addr), info.RKey); err != nil || !bytes.Equal(got, []byte("good")) {
 		t.Errorf("good peer READ: %q %v", got, err)
+	}
+}
+
+// A peer whose operations keep failing with REM_ACCESS_ERR (guessing
+// rkeys) gets its source refused for a while, even with the right token.
+func TestAccessErrorsRefuseTheSource(t *testing.T) {
+	e := setup(t, remote.Policy{FailLimit: 3, FailBlock: time.Minute})
+	_, info := e.buffer(t, "/", 4096)
+	for i := range 3 {
+		c := dial(t, e, "/")
+		if err := c.Write(uint64(info.Addr), info.RKey^uint32(i+1)<<8, []byte("x")); remote.Status(err) != verbs.WCRemAccessErr {
+			t.Fatalf("a guessed rkey: %v, want REM_ACCESS_ERR", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
+	if err == nil {
+		c.Close()
+	}
+	if !errors.Is(err, syscall.EACCES) {
+		t.Errorf("after 3 access errors: %v, want a refusal with EACCES", err)
 	}
 }

@@ -25,9 +25,10 @@ const remoteAccess = verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic
 //     a page once however many regions hold it, VmPin once per region;
 //     the suite measures with one region only.
 //   - rkey without remote access: rxe before Linux 6.5 gives rkey 0 to a
-//     region registered without remote_* flags; newer rxe and soft give
-//     rkey == lkey (Options.LocalRKeyZero accepts both). Soft does not
-//     model the old behaviour.
+//     region registered without remote_* flags (measured on 6.1); newer
+//     rxe (measured on 6.12) and soft give rkey == lkey
+//     (Options.LocalRKeyZero accepts both). Soft does not model the old
+//     behaviour.
 //   - zero_based: rxe in 6.1 has no access filter in reg_user_mr and
 //     accepts it without honouring it; newer rxe answers EOPNOTSUPP.
 //     verbs/ibv refuses any flag outside DeviceAttr.Access itself, so

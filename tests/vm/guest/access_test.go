@@ -24,11 +24,11 @@ import (
 // completion status. The peer is this process: rxe0 checks the keys, the
 // range and the access, as it does for any other. A READ's data and an
 // atomic's old value are checked against before, the buffer's bytes.
-func rdmaOp(t *testing.T, peer, dir string, op verbstest.Op, addr uint64, rkey uint32, before []byte) verbs.WCStatus {
+func rdmaOp(t *testing.T, d *remoteDaemon, dir string, op verbstest.Op, addr uint64, rkey uint32, before []byte) verbs.WCStatus {
 	t.Helper()
-	c, err := rdmacm.Dial(peer, dir, rdmacm.DialOptions{Timeout: 20 * time.Second})
+	c, err := rdmacm.Dial(d.peer, dir, rdmacm.DialOptions{Timeout: 20 * time.Second, Token: d.token(t, dir)})
 	if err != nil {
-		t.Fatalf("rdma_cm connect to %s pd %s: %v", peer, dir, err)
+		t.Fatalf("rdma_cm connect to %s pd %s: %v", d.peer, dir, err)
 	}
 	defer c.Close()
 	const off = verbstest.MatrixOff
@@ -86,10 +86,10 @@ func checkOp(t *testing.T, d *remoteDaemon, dir, file string, op verbstest.Op, a
 	if worked {
 		want, wantSt = op.Apply(before), verbs.WCSuccess
 	}
-	if st := rdmaOp(t, d.peer, dir, op, addr, rkey, before); st != wantSt {
+	if st := rdmaOp(t, d, dir, op, addr, rkey, before); st != wantSt {
 		t.Errorf("%s %s: %v, want %v", op.Name, what, st, wantSt)
 	}
-	got, err := os.ReadFile(file) // zero_copy off: read(2) of the memfd through the daemon
+	got, err := os.ReadFile(file)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Errorf("%s %s: the file does not hold what it should (%v)", op.Name, what, err)
 	}

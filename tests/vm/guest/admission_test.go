@@ -53,8 +53,8 @@ func TestAdmissionRDMACM(t *testing.T) {
 			})
 			return l.Addr().String()
 		},
-		Dial: func(ctx context.Context, addr, dir string) (remote.Conn, error) {
-			return rdmacm.DialContext(ctx, addr, dir)
+		Dial: func(ctx context.Context, addr, dir string, tok remote.Token) (remote.Conn, error) {
+			return rdmacm.DialContext(ctx, addr, dir, tok)
 		},
 		Peer:   netip.MustParseAddr("10.0.2.15"),
 		Domain: dom,

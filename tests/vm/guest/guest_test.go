@@ -37,13 +37,9 @@ func requireGuest(t testing.TB) {
 	}
 }
 
-// mrfsBin is the daemon under test, built with -tags rdma.
-func mrfsBin() string {
-	if b := os.Getenv("MRFS_BIN"); b != "" {
-		return b
-	}
-	return "/bin/mrfs"
-}
+// mrfsBin is the daemon under test, built with -tags rdma; the guest's
+// second stage (tests/vm/guest-init) names it.
+func mrfsBin() string { return os.Getenv("MRFS_BIN") }
 
 // resEntry is one line of `rdma -j resource show mr|pd`.
 type resEntry map[string]any
@@ -195,17 +191,28 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// mount starts mrfs on rxe0 with the rdma backend. Kernel 6.1 has no FUSE
-// passthrough, so zero copy is off (direct I/O, no mmap): registration,
-// which is what these tests look at, is the same either way.
+// zeroCopy says whether the guest's kernel has FUSE passthrough
+// (tests/vm/run sets MRFS_VM_ZERO_COPY=1 for 6.12, 0 for 6.1).
+func zeroCopy() bool { return os.Getenv("MRFS_VM_ZERO_COPY") == "1" }
+
+// mount starts mrfs on rxe0 with the rdma backend, zero copy on where the
+// kernel has FUSE passthrough (6.12); on 6.1 it is off (direct I/O, no
+// mmap): registration, which most of these tests look at, is the same
+// either way.
 func mount(t testing.TB) *daemon { t.Helper(); return mountConf(t, "") }
 
 // mountConf is mount with more config.toml tables appended.
 func mountConf(t testing.TB, extra string) *daemon {
 	t.Helper()
+	return mountZeroCopy(t, zeroCopy(), extra)
+}
+
+// mountZeroCopy is mountConf with mount.zero_copy as given.
+func mountZeroCopy(t testing.TB, zc bool, extra string) *daemon {
+	t.Helper()
 	tmp := t.TempDir()
 	cfg := filepath.Join(tmp, "config.toml")
-	conf := "[verbs]\nbackend = \"rdma\"\ndevice = \"" + device + "\"\n\n[mount]\nzero_copy = false\n\n" + extra
+	conf := fmt.Sprintf("[verbs]\nbackend = \"rdma\"\ndevice = %q\n\n[mount]\nzero_copy = %v\n\n%s", device, zc, extra)
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}

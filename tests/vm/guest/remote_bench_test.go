@@ -38,7 +38,7 @@ func TestRemoteRDMABenchmark(t *testing.T) {
 	rkey64, _ := strconv.ParseUint(rkeyS, 0, 32)
 	rkey := uint32(rkey64)
 
-	c, err := rdmacm.Dial(d.peer, "/", rdmacm.DialOptions{BufSize: size})
+	c, err := rdmacm.Dial(d.peer, "/", rdmacm.DialOptions{BufSize: size, Token: d.token(t, "/")})
 	if err != nil {
 		t.Fatal(err)
 	}

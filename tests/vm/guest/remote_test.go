@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mrfs/remote"
 	"mrfs/remote/rdmacm"
 )
 
@@ -24,9 +25,9 @@ import (
 // user.mrfs.remote, as a script would.
 const listenAddr = "10.0.2.15:0"
 
-// The peer that holds a connection is this test binary run again as
-// another process (TestMain): MRFS_PEER_OP=hold, MRFS_PEER_ADDR and
-// MRFS_PEER_DIR where. The one-shot peers are the rdma build's own
+// The peers that hold a connection are this test binary run again as
+// another process (TestMain): MRFS_PEER_OP=hold or serve, MRFS_PEER_ADDR
+// and MRFS_PEER_DIR where. The one-shot peers are the rdma build's own
 // `mrfs remote` (cliPeer).
 func TestMain(m *testing.M) {
 	if op := os.Getenv("MRFS_PEER_OP"); op != "" {
@@ -35,21 +36,31 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// peerMain connects to the daemon over rdma_cm and waits for mrfs to
-// disconnect it, printing "peer: ..." lines; exit 0 when it was.
+// peerMain connects to the daemon over rdma_cm, printing "peer: ..."
+// lines. hold waits for mrfs to disconnect it (exit 0 when it did);
+// serve runs the operations its standard input names on that one queue
+// pair (servePeer).
 func peerMain(op string) int {
 	env := func(k string) string { return os.Getenv("MRFS_PEER_" + k) }
-	if op != "hold" {
+	if op != "hold" && op != "serve" {
 		fmt.Printf("peer: unknown operation %q\n", op)
 		return 1
 	}
-	c, err := rdmacm.Dial(env("ADDR"), env("DIR"), rdmacm.DialOptions{Timeout: 20 * time.Second})
+	tok, err := remote.ParseToken(env("TOKEN"))
+	if err != nil {
+		fmt.Printf("peer: %v\n", err)
+		return 1
+	}
+	c, err := rdmacm.Dial(env("ADDR"), env("DIR"), rdmacm.DialOptions{Timeout: 20 * time.Second, Token: tok})
 	if err != nil {
 		fmt.Printf("peer: dial: %v\n", err)
 		return 1
 	}
 	defer c.Close()
 	fmt.Println("peer: connected")
+	if op == "serve" {
+		return serve(c, os.Stdin, os.Stdout)
+	}
 	if err := c.WaitDisconnect(30 * time.Second); err != nil {
 		fmt.Printf("peer: %s: %v\n", op, err)
 		return 1
@@ -58,14 +69,15 @@ func peerMain(op string) int {
 	return 0
 }
 
-// cliPeer runs script with /bin/sh (busybox) in its own process: the
+// cliPeer runs script with /bin/sh in its own process: the
 // issue's form of a peer, `mrfs remote ... --peer $PEER --addr $(getfattr
 // ...)`, with the rdma build's mrfs as $MRFS, the daemon's address as
-// $PEER (taken from user.mrfs.remote of the mount root $MNT) and kv as
-// more variables. It returns the exit code and the output.
+// $PEER (taken from user.mrfs.remote of the mount root $MNT), `tok DIR`
+// the token of a directory (zeros for none) and kv as more variables. It returns the exit code and the output.
 func cliPeer(t *testing.T, d *remoteDaemon, script string, kv ...string) (int, string) {
 	t.Helper()
 	cmd := exec.Command("/bin/sh", "-c", `set -- $(getfattr --absolute-names --only-values -n user.mrfs.remote "$MNT"); PEER=$2
+tok() { getfattr --absolute-names --only-values -n user.mrfs.token "$MNT/${1#/}" 2>/dev/null || echo 00000000000000000000000000000000; }
 `+script)
 	cmd.Env = append(os.Environ(), "MRFS="+mrfsBin(), "MNT="+d.dir)
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -92,9 +104,12 @@ type remoteDaemon struct {
 
 // remoteMount mounts mrfs with the rdma_cm listener on rxe0's address
 // and port 0, and reads the port it got from user.mrfs.remote.
-func remoteMount(t testing.TB) *remoteDaemon {
+func remoteMount(t testing.TB) *remoteDaemon { t.Helper(); return remoteMountConf(t, "") }
+
+// remoteMountConf is remoteMount with more config.toml tables.
+func remoteMountConf(t testing.TB, extra string) *remoteDaemon {
 	t.Helper()
-	d := mountConf(t, "[remote]\nlisten = \""+listenAddr+"\"\nallow_from = [\"10.0.2.0/24\"]\n")
+	d := mountConf(t, "[remote]\nlisten = \""+listenAddr+"\"\nallow_from = [\"10.0.2.0/24\"]\n\n"+extra)
 	deadline := time.Now().Add(20 * time.Second)
 	for !strings.Contains(d.log.String(), "rdma_cm listening") {
 		if time.Now().After(deadline) {
@@ -117,6 +132,22 @@ func remoteMount(t testing.TB) *remoteDaemon {
 	}
 	t.Logf("user.mrfs.remote: %q", where)
 	return &remoteDaemon{daemon: d, peer: f[1]}
+}
+
+// tokenHex is the user.mrfs.token of dir in d's mount.
+func (d *remoteDaemon) tokenHex(t testing.TB, dir string) string {
+	t.Helper()
+	return getxattr(t, filepath.Join(d.dir, dir), "user.mrfs.token")
+}
+
+// token is tokenHex parsed.
+func (d *remoteDaemon) token(t testing.TB, dir string) remote.Token {
+	t.Helper()
+	tok, err := remote.ParseToken(d.tokenHex(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // buffer makes a file of size with access and returns its iova and rkey.
@@ -157,7 +188,7 @@ func qpIDs(t testing.TB) map[uint64]resEntry {
 // rdma_cm by default, with the keys read from the xattrs of $F.
 const (
 	cliKeys  = `addr=$(getfattr --absolute-names --only-values -n user.mrfs.addr "$F"); rkey=$(getfattr --absolute-names --only-values -n user.mrfs.rkey "$F")` + "\n"
-	cliWrite = cliKeys + `"$MRFS" remote write --peer "$PEER" --pd "$PD" --addr $((addr + ${OFF:-0})) --rkey "$rkey" < "$DATA"`
+	cliWrite = cliKeys + `"$MRFS" remote write --peer "$PEER" --pd "$PD" --token "$(tok "$PD")" --addr $((addr + ${OFF:-0})) --rkey "$rkey" < "$DATA"`
 )
 
 // TestRemoteRDMA is the issue's scenario over rdma_cm on rxe0, with peers
@@ -185,7 +216,7 @@ func TestRemoteRDMA(t *testing.T) {
 	if code, out := cliPeer(t, d, cliWrite, "F", f, "PD", "/", "OFF", "4096", "DATA", data); code != 0 || out != "" {
 		t.Fatalf("mrfs remote write: exit %d: %s", code, out)
 	}
-	got, err := os.ReadFile(f) // zero_copy off: read(2) through the daemon, from the memfd
+	got, err := os.ReadFile(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,13 +227,13 @@ func TestRemoteRDMA(t *testing.T) {
 
 	// The other way: what is written through the file, the peer READs.
 	writeAt(t, f, []byte("through the file"))
-	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --length 16`, "F", f); code != 0 || out != "through the file" {
+	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --length 16`, "F", f); code != 0 || out != "through the file" {
 		t.Errorf("mrfs remote read: exit %d, %q", code, out)
 	}
 	// Atomics on the first 8 bytes (the host's order); old values in hex.
 	writeAt(t, f, make([]byte, 8))
-	atomics := cliKeys + `for a in 5 0x10; do "$MRFS" remote fadd --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --add $a || exit; done
-"$MRFS" remote cas --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --compare 21 --swap 0x2a`
+	atomics := cliKeys + `for a in 5 0x10; do "$MRFS" remote fadd --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --add $a || exit; done
+"$MRFS" remote cas --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --compare 21 --swap 0x2a`
 	if code, out := cliPeer(t, d, atomics, "F", f); code != 0 || out != "0x0\n0x5\n0x15" {
 		t.Errorf("mrfs remote fadd, fadd, cas: exit %d, %q; want 0x0 0x5 0x15", code, out)
 	}
@@ -229,7 +260,7 @@ func TestRemoteRDMA(t *testing.T) {
 	if err := os.Remove(f); err != nil {
 		t.Fatal(err)
 	}
-	code, out = cliPeer(t, d, `"$MRFS" remote write --peer "$PEER" --pd / --addr $IOVA --rkey $RKEY < "$DATA"`, "IOVA", iova, "RKEY", rkey, "DATA", data)
+	code, out = cliPeer(t, d, `"$MRFS" remote write --peer "$PEER" --pd / --token "$(tok /)" --addr $IOVA --rkey $RKEY < "$DATA"`, "IOVA", iova, "RKEY", rkey, "DATA", data)
 	accessErr("mrfs remote write with the rkey of a removed file", code, out)
 
 	// A directory that does not exist is refused with its errno.
@@ -242,11 +273,11 @@ func TestRemoteRDMA(t *testing.T) {
 	if err := os.Mkdir(tenant, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	code, out = cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd tenant --addr "$addr" --rkey "$rkey" --length 8`, "F", ro)
+	code, out = cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd tenant --token "$(tok tenant)" --addr "$addr" --rkey "$rkey" --length 8`, "F", ro)
 	accessErr("mrfs remote read of a root buffer from tenant's QP", code, out)
 	// And the soft protocol's client is still in the rdma build, on
 	// request: this daemon serves rdma_cm only, so nothing answers it.
-	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --transport tcp --timeout 3s --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --length 8`, "F", ro); code != 1 || !strings.Contains(out, "over tcp") {
+	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --transport tcp --timeout 3s --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --length 8`, "F", ro); code != 1 || !strings.Contains(out, "over tcp") {
 		t.Errorf("mrfs remote --transport tcp against an rdma_cm daemon: exit %d, %s; want a failure over tcp", code, out)
 	}
 
@@ -311,7 +342,7 @@ type heldPeer struct {
 func holdPeer(t *testing.T, d *remoteDaemon, dir string) *heldPeer {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "MRFS_PEER_OP=hold", "MRFS_PEER_ADDR="+d.peer, "MRFS_PEER_DIR="+dir)
+	cmd.Env = append(os.Environ(), "MRFS_PEER_OP=hold", "MRFS_PEER_ADDR="+d.peer, "MRFS_PEER_DIR="+dir, "MRFS_PEER_TOKEN="+d.tokenHex(t, dir))
 	p := &heldPeer{cmd: cmd, out: new(syncBuffer), done: make(chan error, 1)}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
