@@ -80,8 +80,6 @@ func checkRegions(t *testing.T, e *env, b *buffer.Buffer, maxSize uint64, want i
 	}
 }
 
-// A buffer past the device's max_mr_size is registered in regions of at
-// most that size, in order; resizes keep the bytes and re-split.
 // Options.MaxRegionSize splits as a device of that max_mr_size does, on
 // a device without one; a cap above the device's changes nothing.
 func TestRegionsSplitAtMaxRegionSize(t *testing.T) {
@@ -94,6 +92,8 @@ func TestRegionsSplitAtMaxRegionSize(t *testing.T) {
 	checkRegions(t, e, b, max, 3)
 }
 
+// A buffer past the device's max_mr_size is registered in regions of at
+// most that size, in order; resizes keep the bytes and re-split.
 func TestRegionsSplitAtMaxMRSize(t *testing.T) {
 	const max = 8 * page
 	e := setupMaxMRSize(t, buffer.Options{}, max, 0)

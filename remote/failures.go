@@ -13,10 +13,11 @@ import (
 // source. A token is 128 random bits, so this is for the rkeys behind
 // it and for the log: nobody guesses quietly.
 const (
-	failLimit  = 5           // failures within failWindow that get a source refused
+	failLimit  = 10          // failures within failWindow that get a source refused (remote.max_failures)
 	failWindow = time.Minute // how far back failures count
 	failBlock  = time.Minute // how long the source is refused then
-	// maxSources bounds the sources remembered; past it the oldest go.
+	// maxSources bounds the sources remembered; past it those with
+	// nothing recent go first, then any.
 	maxSources = 4096
 )
 

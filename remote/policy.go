@@ -28,7 +28,7 @@ type Policy struct {
 	// Events hears of admissions and completions (metrics); nil: none.
 	Events Events
 	// FailLimit failures of one source within FailWindow get it refused
-	// for FailBlock (failures.go); 0: 5, a minute, a minute. A negative
+	// for FailBlock (failures.go); 0: 10, a minute, a minute. A negative
 	// FailLimit turns the rule off.
 	FailLimit             int
 	FailWindow, FailBlock time.Duration

@@ -253,11 +253,16 @@ func fdCount(t testing.TB, pid int) int {
 }
 
 // 50,000 buffers register with the daemon's RLIMIT_NOFILE at 1,024: it
-// holds no descriptor per buffer.
+// holds no descriptor per buffer. (Under emulation, in the tests/vm
+// guest, 5,000: as far past the limit for what it proves, a tenth of the
+// time.)
 func TestManyBuffersFewDescriptors(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{Wrapper: []string{"prlimit", "--nofile=1024:1024"}, Hang: 5 * time.Minute})
-	const n = 50000
+	n := 50000
+	if slowFactor() > 1 {
+		n = 5000
+	}
 	dir := d.path("many")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -275,13 +280,13 @@ func TestManyBuffersFewDescriptors(t *testing.T) {
 		}
 	}
 	s := readStats(t, d.mnt)
-	if s.Buffers != n || s.RegisteredBytes != n*4096 {
+	if s.Buffers != int64(n) || s.RegisteredBytes != int64(n)*4096 {
 		t.Errorf("stats %+v, want %d registered buffers", s, n)
 	}
 	if got := fdCount(t, d.pid()); got >= 100 {
 		t.Errorf("the daemon holds %d descriptors for %d buffers with no file open", got, n)
 	}
-	requireRegistered(t, filepath.Join(dir, "49999"), 4096)
+	requireRegistered(t, filepath.Join(dir, strconv.Itoa(n-1)), 4096)
 }
 
 // Per-user quotas: a uid past max_pinned_per_user gets EDQUOT, another is

@@ -66,9 +66,10 @@ func connServers(dev string) []int {
 }
 
 // statsServer finds the daemon of the mrfs mount at dir by the pid in its
-// user.mrfs.stats, if that process holds a /dev/fuse descriptor. (A pid
-// of another pid namespace, or a daemon that no longer answers, gives
-// none: nobody is waited for.)
+// user.mrfs.stats, if that process holds a /dev/fuse descriptor. A
+// daemon that no longer answers gives none: nobody is waited for. (A
+// daemon in another pid namespace names a pid of its own; the process
+// of that number here is waited for only if it, too, serves FUSE.)
 func statsServer(dir string) []int {
 	raw, err := getxattr(dir, "user.mrfs.stats")
 	if err != nil {
