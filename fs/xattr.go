@@ -126,24 +126,39 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrZeroCopy:
 		v = boolString(n.fsys.ZeroCopy)
 	case xattrDesc:
-		b, _ := json.Marshal(desc{
-			Device:     n.fsys.mgr.Device().Name(),
-			Addr:       hexAddr(info.Addr),
-			Length:     strconv.FormatUint(info.Length, 10),
-			LKey:       hex32(info.LKey),
-			RKey:       hex32(info.RKey),
-			Access:     info.Access.Names(),
-			PageSize:   n.buf.PageSize(),
-			Generation: info.Generation,
-			PD:         info.PD,
-			State:      stateString(info),
-			Regions:    descRegions(regs),
-		})
-		return b, 0
+		return descJSON(n.fsys.mgr, n.buf, info, regs), 0
 	default:
 		return nil, syscall.ENODATA
 	}
 	return []byte(v), 0
+}
+
+// Desc is user.mrfs.desc of b, a buffer of mgr, and the registration it
+// describes; ok is false when b is not registered (it has none). The
+// publisher of buffers to etcd sends the same JSON.
+func Desc(mgr *buffer.Manager, b *buffer.Buffer) (desc []byte, info buffer.Info, ok bool) {
+	info, regs := b.Regions()
+	if info.State != buffer.Registered {
+		return nil, info, false
+	}
+	return descJSON(mgr, b, info, regs), info, true
+}
+
+func descJSON(mgr *buffer.Manager, b *buffer.Buffer, info buffer.Info, regs []buffer.Region) []byte {
+	j, _ := json.Marshal(desc{
+		Device:     mgr.Device().Name(),
+		Addr:       hexAddr(info.Addr),
+		Length:     strconv.FormatUint(info.Length, 10),
+		LKey:       hex32(info.LKey),
+		RKey:       hex32(info.RKey),
+		Access:     info.Access.Names(),
+		PageSize:   b.PageSize(),
+		Generation: info.Generation,
+		PD:         info.PD,
+		State:      stateString(info),
+		Regions:    descRegions(regs),
+	})
+	return j
 }
 
 // stateString is user.mrfs.state: "registered", "empty",

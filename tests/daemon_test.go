@@ -44,6 +44,7 @@ type daemonConfig struct {
 	// Quiet logs at info, as a daemon in production does: for benchmarks.
 	Quiet   bool
 	Metrics string // the [metrics] table
+	Publish string // the [publish] table
 	// Wrapper is a command prefix such as prlimit/setpriv; each must exec
 	// the next so the daemon keeps the pid we started.
 	Wrapper []string
@@ -64,7 +65,7 @@ func (c daemonConfig) toml() string {
 	}
 	return "[verbs]\n" + backend.verbs() + c.Verbs + "\n\n[buffers]\n" + c.Buffers +
 		"\n\n[mount]\n" + c.Mount + "\n\n[log]\nlevel = \"" + level + "\"\n" + c.Log + "\n\n[remote]\n" + c.Remote +
-		"\n\n[metrics]\n" + c.Metrics + "\n"
+		"\n\n[metrics]\n" + c.Metrics + "\n\n[publish]\n" + c.Publish + "\n"
 }
 
 type daemon struct {

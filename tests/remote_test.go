@@ -404,7 +404,7 @@ func TestRemoteHostilePeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/", Token: tok})
-	badVersion, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version + 1, Path: "/"})
+	badVersion, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version + 1, Path: "/", Token: tok})
 	write, _ := proto.Append(nil, proto.Frame{Type: proto.TypeWrite, IOVA: addr + evilOff, RKey: key, Data: []byte("evil")})
 	huge := append([]byte{byte(proto.TypeWrite), 0, 0, 0, 0xff, 0xff, 0xff, 0xf0}, make([]byte, 8)...)
 	unknown := append([]byte{0x66, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 8)...)

@@ -58,6 +58,9 @@ type Options struct {
 	Umask uint32
 	// Log takes what a user must hear of (nil: discarded).
 	Log *slog.Logger
+	// Renamed, when set, is called after every rename, without the
+	// tree's lock held (the publisher of buffers' names hears of them).
+	Renamed func()
 }
 
 // Tree is the namespace of one mount.
@@ -394,6 +397,14 @@ const (
 // fail halfway). The kernel itself refuses moving a directory into its
 // own subtree.
 func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error {
+	err := d.rename(name, dst, newName, flags)
+	if err == nil && d.t.opt.Renamed != nil {
+		d.t.opt.Renamed()
+	}
+	return err
+}
+
+func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) error {
 	if err := checkName(newName); err != nil {
 		return fmt.Errorf("rename: %w", err)
 	}

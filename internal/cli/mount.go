@@ -95,6 +95,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		dev.Close()
 		return err
 	}
+	pub := &publishing{next: mx.bufferEvents()}
 	mgr := buffer.NewManager(dev, buffer.Options{
 		Store:            st,
 		MaxBuffers:       cfg.Buffers.MaxBuffers,
@@ -104,7 +105,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		// The daemon's own descriptors beyond clients' opens: the store's
 		// transient opens, the FUSE device, remote peers' sockets.
 		FdReserve:         128 + cfg.Remote.MaxConnections,
-		Events:            mx.bufferEvents(),
+		Events:            pub,
 		PopulateThreshold: uint64(cfg.Buffers.PopulateThreshold),
 		PopulateWorkers:   cfg.Buffers.PopulateWorkers,
 		MaxRegionSize:     uint64(cfg.Buffers.MaxRegionSize),
@@ -117,6 +118,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		DefaultAccess: cfg.Buffers.DefaultAccess,
 		Umask:         cfg.Mount.Umask,
 		Log:           log,
+		Renamed:       pub.poke,
 	}, cfg.Buffers.DefaultAccess, tree.Owner{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}, 0o755)
 	var srv *fs.Server
 	if err == nil {
@@ -141,6 +143,9 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 			return fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
 		}
 		return err
+	}
+	if err := pub.start(cfg.Publish, tr, remote.Where, log); err != nil {
+		log.Error("publish: cannot start; buffers are not published", "err", err)
 	}
 	if !cfg.Mount.ZeroCopy {
 		log.Warn("zero copy is off (mount.zero_copy = false): reads and writes go through the daemon and mmap fails with ENODEV")
@@ -168,8 +173,12 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 
 	// DESIGN.md's order: every region deregistered and every PD
 	// deallocated, the device closed, then the unmount.
-	// Peers go first: their queue pairs live in the PDs, and no operation
-	// may reach a region while it is deregistered.
+	// Published keys go first (peers must not find what is going), then
+	// peers: their queue pairs live in the PDs, and no operation may
+	// reach a region while it is deregistered.
+	if err := pub.close(); err != nil {
+		errs = append(errs, fmt.Errorf("publish: %w", err))
+	}
 	if err := remote.Close(); err != nil {
 		errs = append(errs, err)
 	}

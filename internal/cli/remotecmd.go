@@ -81,6 +81,9 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	peer := f.String("peer", "", "host:port of the mrfs daemon (its remote.listen, as user.mrfs.remote shows it)")
 	pd := f.String("pd", "", "directory of the peer's mount whose PD to join (/ is its root), or that directory's path where it is mounted here: then --peer, --token and --transport default to what it says")
 	tokenS := f.String("token", "", "the PD's token: user.mrfs.token of the directory (read from it when --pd is its path here)")
+	nameS := f.String("name", "", "HOST/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc)")
+	genS := f.String("generation", "", "with --name: refuse unless the buffer's registration is still this generation (as mrfs peers showed it)")
+	pf := addPublishFlags(f)
 	addrS := f.String("addr", "", "remote address (user.mrfs.addr)")
 	rkeyS := f.String("rkey", "", "remote key (user.mrfs.rkey)")
 	descS := f.String("desc", "", "the buffer's user.mrfs.desc (JSON, or @FILE): its regions give each part of the range its key, so a range may span regions; replaces --addr and --rkey")
@@ -109,6 +112,22 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	}
 	set := map[string]bool{}
 	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	var named *published
+	if *nameS != "" {
+		for _, other := range []string{"peer", "pd", "desc", "addr", "rkey", "transport"} {
+			if set[other] {
+				return usageError("remote %s: --name gives --%s; give one or the other", op, other)
+			}
+		}
+		var err error
+		if named, err = lookupName(op, pf, *nameS, *genS); err != nil {
+			return err
+		}
+		defer named.c.Close()
+		*peer, *pd, *transportS, *descS = named.peer, named.e.PDPath, named.transport, string(named.e.Value)
+	} else if *genS != "" {
+		return usageError("remote %s: --generation needs --name", op)
+	}
 	if *pd == "" {
 		return usageError("remote %s: --pd is required (a directory of the peer's mount, / for its root)", op)
 	}
@@ -199,6 +218,11 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 		return fmt.Errorf("remote %s over %s: %w", op, transport, err)
 	}
 	defer c.Close()
+	if named != nil {
+		if err := named.still(ctx); err != nil {
+			return fmt.Errorf("remote %s: %w", op, err)
+		}
+	}
 	var old uint64
 	switch op {
 	case "read":

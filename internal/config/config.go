@@ -18,6 +18,19 @@ type Config struct {
 	Log     Log
 	Remote  Remote
 	Metrics Metrics
+	Publish Publish
+}
+
+// Publish is the [publish] table: this host's buffers with remote access,
+// published to etcd for peers on other hosts (package publish).
+type Publish struct {
+	// Endpoints (publish.endpoints) are etcd's client URLs; none: off.
+	Endpoints []string
+	// Prefix (publish.prefix) begins every key: <prefix>/<host>/<path>.
+	Prefix string
+	// Lease (publish.lease) is the TTL of the lease the keys live under:
+	// how long they outlive a daemon that dies.
+	Lease time.Duration
 }
 
 // Verbs is the [verbs] table: which backend and device a mount uses.
@@ -152,8 +165,9 @@ func Default() Config {
 			// Below this, one thread pins as fast as workers populate.
 			PopulateThreshold: 64 << 20,
 		},
-		Mount: Mount{ZeroCopy: true, Umask: 0o077},
-		Log:   Log{Level: slog.LevelInfo, Format: FormatText, Output: OutputStderr},
+		Mount:   Mount{ZeroCopy: true, Umask: 0o077},
+		Log:     Log{Level: slog.LevelInfo, Format: FormatText, Output: OutputStderr},
+		Publish: Publish{Prefix: "/mrfs", Lease: 10 * time.Second},
 		Remote: Remote{
 			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 			MaxConnections: 64,

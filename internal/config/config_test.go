@@ -155,9 +155,15 @@ timeout = "1500ms"
 
 [metrics]
 listen = "127.0.0.1:9471"
+
+[publish]
+endpoints = ["http://10.0.0.5:2379", "https://etcd.example:2379"]
+prefix = "/rdma"
+lease = "30s"
 `)
 	want := Config{
-		Verbs: Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16, SoftMaxMRSize: 1 << 30},
+		Publish: Publish{Endpoints: []string{"http://10.0.0.5:2379", "https://etcd.example:2379"}, Prefix: "/rdma", Lease: 30 * time.Second},
+		Verbs:   Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16, SoftMaxMRSize: 1 << 30},
 		Buffers: Buffers{
 			DefaultSize:       65536,
 			DefaultAccess:     verbs.LocalWrite | verbs.RemoteRead,

@@ -61,6 +61,11 @@ type file struct {
 	Metrics struct {
 		Listen string `toml:"listen"`
 	} `toml:"metrics"`
+	Publish struct {
+		Endpoints []string `toml:"endpoints"`
+		Prefix    string   `toml:"prefix"`
+		Lease     duration `toml:"lease"`
+	} `toml:"publish"`
 }
 
 func decode(data []byte) (Config, error) { return decodeOnto(Default(), data) }
@@ -76,6 +81,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	f.Buffers.DefaultAccess, f.Buffers.AllowedAccess = accessList(d.Buffers.DefaultAccess), accessList(d.Buffers.AllowedAccess)
 	f.Buffers.MaxPinnedPerUser, f.Buffers.HugePages = d.Buffers.MaxPinnedPerUser, d.Buffers.HugePages
 	f.Metrics.Listen = d.Metrics.Listen
+	f.Publish.Endpoints, f.Publish.Prefix, f.Publish.Lease = d.Publish.Endpoints, d.Publish.Prefix, duration(d.Publish.Lease)
 	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
 	name, _ := knownLevel(d.Log.Level)
 	f.Log.Level, f.Log.Format, f.Log.Output = levelName(name), d.Log.Format, d.Log.Output
@@ -117,6 +123,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 			Timeout:        time.Duration(f.Remote.Timeout),
 		},
 		Metrics: Metrics{Listen: f.Metrics.Listen},
+		Publish: Publish{Endpoints: nilIfEmpty(f.Publish.Endpoints), Prefix: f.Publish.Prefix, Lease: time.Duration(f.Publish.Lease)},
 	}, nil
 }
 
@@ -394,4 +401,13 @@ func tomlType(v any) string {
 		return "datetime"
 	}
 	return fmt.Sprintf("%T", v)
+}
+
+// nilIfEmpty is ss, or nil for an empty list: `endpoints = []` is the
+// default's none.
+func nilIfEmpty(ss []string) []string {
+	if len(ss) == 0 {
+		return nil
+	}
+	return ss
 }

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"mrfs/verbs"
 )
@@ -117,6 +119,22 @@ func (c Config) Validate() error {
 	}
 	if c.Log.FuseRequests && c.Log.Level > slog.LevelDebug {
 		bad("log.fuse_requests", "the requests are logged at debug level; set log.level = \"debug\" too")
+	}
+	if pb := c.Publish; len(pb.Endpoints) > 0 {
+		for _, e := range pb.Endpoints {
+			if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad("publish.endpoints", "%q is not an etcd client URL such as \"http://10.0.0.5:2379\"", e)
+			}
+		}
+		if !strings.HasPrefix(pb.Prefix, "/") {
+			bad("publish.prefix", "%q: want a key prefix starting with /", pb.Prefix)
+		}
+		if pb.Lease < 2*time.Second {
+			bad("publish.lease", "%s: want at least 2s (etcd's shortest leases)", pb.Lease)
+		}
+		if c.Remote.Listen == "" {
+			bad("publish.endpoints", "publication is for peers, but remote.listen is off: set it too")
+		}
 	}
 	r := c.Remote
 	if r.Listen != "" {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -106,6 +107,8 @@ func TestRefused(t *testing.T) {
 	badPathLen[HeaderSize+7] = 9
 	oldHello := append([]byte{}, hello...)
 	oldHello[HeaderSize+5] = 1 // version 1: no token
+	newHello := append([]byte{}, hello...)
+	newHello[HeaderSize+5] = Version + 1
 	compl := mustAppend(t, Frame{Type: TypeCompletion, Op: TypeWrite})
 	complData := append(append([]byte{}, compl...), 'x')
 	binary.BigEndian.PutUint32(complData[4:], 9)
@@ -127,6 +130,7 @@ func TestRefused(t *testing.T) {
 		{"hello magic", badMagic, "MRFS"},
 		{"hello path length", badPathLen, "path length"},
 		{"hello of version 1", oldHello, "version 1"},
+		{"hello of a newer version", newHello, fmt.Sprintf("version %d", Version+1)},
 		{"hello without its token", append(rawHeader(TypeHello, 8), "MRFS\x00\x02\x00\x00"...), "HELLO body"},
 		{"completion payload", complData, "carries 1 bytes"},
 		{"completion of a non-op", complOp, "not an operation"},
