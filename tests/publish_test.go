@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// etcdServer is a real etcd (Debian's etcd-server) on loopback ports of
-// its own, with its data in a temporary directory.
+// etcdServer is a real etcd (Debian's etcd-server) on ports of its own,
+// with its data in a temporary directory.
 type etcdServer struct {
 	t       *testing.T
 	url     string
@@ -27,6 +27,9 @@ type etcdServer struct {
 	done    chan struct{}
 	out     syncBuffer
 	dataDir string
+	// answers says whether etcd answers (the test's client, or mrfs
+	// peers on the host whose network it is on).
+	answers func() error
 }
 
 func freePort(t *testing.T) int {
@@ -39,20 +42,44 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// startEtcd starts etcd on loopback.
 func startEtcd(t *testing.T) *etcdServer {
+	t.Helper()
+	e := newEtcd(t, nil, "127.0.0.1", freePort(t), freePort(t))
+	e.answers = func() error {
+		c := e.client()
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.Get(ctx, "ready?")
+		return err
+	}
+	e.start()
+	return e
+}
+
+// startEtcdOn starts etcd on host h, at h's address.
+func startEtcdOn(t *testing.T, h testHost) *etcdServer {
+	t.Helper()
+	e := newEtcd(t, h.in(), h.addr, 2379, 2380)
+	e.answers = func() error { _, err := peersOn(t, h, e.url); return err }
+	e.start()
+	return e
+}
+
+func newEtcd(t *testing.T, prefix []string, addr string, clientPort, peerPort int) *etcdServer {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
 		t.Skip("no etcd here (Debian's etcd-server; bash scripts/test installs it)")
 	}
-	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	client := fmt.Sprintf("http://%s:%d", addr, clientPort)
+	peer := fmt.Sprintf("http://%s:%d", addr, peerPort)
 	e := &etcdServer{t: t, url: client, dataDir: t.TempDir()}
-	e.args = []string{bin, "--name", "t", "--data-dir", e.dataDir,
+	e.args = append(prefix, bin, "--name", "t", "--data-dir", e.dataDir,
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "t=" + peer}
-	e.start()
+		"--initial-cluster", "t="+peer)
 	t.Cleanup(e.stop)
 	return e
 }
@@ -66,12 +93,8 @@ func (e *etcdServer) start() {
 	}
 	e.done = make(chan struct{})
 	go func() { e.cmd.Wait(); close(e.done) }()
-	c := e.client()
-	defer c.Close()
 	for deadline := time.Now().Add(readyTimeout); ; time.Sleep(50 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := c.Get(ctx, "ready?")
-		cancel()
+		err := e.answers()
 		if err == nil {
 			return
 		}
@@ -209,7 +232,7 @@ func TestPublish(t *testing.T) {
 		}
 	}
 	tok := mustXattr(t, d.mnt, xToken)
-	mustSh(t, fmt.Sprintf("printf 'by name' | mrfs remote write --name %s/a --offset 100 --token %s %s", host, tok, etcd))
+	mustSh(t, fmt.Sprintf("printf 'by name' | mrfs remote write --name '%s/a' --offset 100 --token %s %s", host, tok, etcd))
 	if b, err := os.ReadFile(a); err != nil || string(b[100:107]) != "by name" {
 		t.Errorf("the write by name did not land: %q, %v", b[100:107], err)
 	}
@@ -223,7 +246,7 @@ func TestPublish(t *testing.T) {
 			t.Fatalf("the new generation of %s was not published", a)
 		}
 	}
-	if _, errOut, err := sh(t, fmt.Sprintf("mrfs remote read --name %s/a --generation %s --length 1 --token %s %s", host, gen, tok, etcd)); exitCode(err) != 1 || !strings.Contains(errOut, "not "+gen) {
+	if _, errOut, err := sh(t, fmt.Sprintf("mrfs remote read --name '%s/a' --generation %s --length 1 --token %s %s", host, gen, tok, etcd)); exitCode(err) != 1 || !strings.Contains(errOut, "not "+gen) {
 		t.Errorf("mrfs remote --generation %s after a re-registration: exit %d, %q; want exit 1, refused", gen, exitCode(err), errOut)
 	}
 	// A re-registration between its own lookup and the operation: refused.
