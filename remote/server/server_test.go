@@ -95,6 +95,18 @@ func (e *env) tok(dir string) remote.Token {
 	return t
 }
 
+// dialErr dials dir once and returns the refusal, or nil when admitted
+// (the connection is closed again).
+func dialErr(e *env, dir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, e.addr, dir, e.tok(dir))
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
 func dial(t *testing.T, e *env, dir string) *client.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -213,13 +225,7 @@ func TestDomainCloseEndsConnections(t *testing.T) {
 
 func TestAllowFrom(t *testing.T) {
 	e := setup(t, remote.Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
-	if err == nil {
-		c.Close()
-	}
-	if !errors.Is(err, syscall.EACCES) {
+	if err := dialErr(e, "/"); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("a loopback peer with allow_from = 10.0.0.0/8: %v, want a refusal with EACCES", err)
 	}
 }
@@ -227,22 +233,15 @@ func TestAllowFrom(t *testing.T) {
 func TestMaxConnections(t *testing.T) {
 	e := setup(t, remote.Policy{MaxConns: 1})
 	c := dial(t, e, "/")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c2, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
-	if err == nil {
-		c2.Close()
-	}
-	if !errors.Is(err, syscall.EBUSY) {
+	if err := dialErr(e, "/"); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("a second peer with max_connections = 1: %v, want a refusal with EBUSY", err)
 	}
 	c.Close()
 	// The slot frees once the server sees the close.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c2, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
+		err := dialErr(e, "/")
 		if err == nil {
-			c2.Close()
 			break
 		}
 		if time.Now().After(deadline) {
@@ -338,13 +337,7 @@ func TestAccessErrorsRefuseTheSource(t *testing.T) {
 			t.Fatalf("a guessed rkey: %v, want REM_ACCESS_ERR", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := client.Dial(ctx, e.addr, "/", e.tok("/"))
-	if err == nil {
-		c.Close()
-	}
-	if !errors.Is(err, syscall.EACCES) {
+	if err := dialErr(e, "/"); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("after 3 access errors: %v, want a refusal with EACCES", err)
 	}
 }
