@@ -21,15 +21,23 @@
 // # Locking
 //
 // Tree.mu guards the namespace: every Dir's entries, and every node's
-// parent and name. node.mu guards one node's metadata. Lock order:
-// Tree.mu, then node.mu, then the buffer package's locks (Buffer.mu,
-// Manager.mu); never the reverse, so no code holding a node or buffer
-// lock looks up names. Registration (Create) runs without Tree.mu;
-// Unlink, Rmdir and Rename hold it for writing across their verbs calls,
-// so that no lookup sees a half-made change.
+// parent, name and busy mark. node.mu guards one node's metadata. Lock
+// order: Tree.mu, then node.mu, then the buffer package's locks
+// (Buffer.mu, Manager.mu); never the reverse, so no code holding a node
+// or buffer lock looks up names.
+//
+// No call holds Tree.mu while it waits for a buffer: a registration can
+// hold a Buffer.mu for seconds (gigabytes), and lookups, listings and
+// stat of every other name must go on meanwhile. Create registers before
+// it takes Tree.mu. Unlink and Rename mark the files they work on busy
+// under Tree.mu, let go of it for the buffer calls (Free, Move), and take
+// it again to change the names; a second unlink or rename of a busy file
+// waits for the first, without Tree.mu. Rmdir makes no buffer call and
+// holds Tree.mu throughout.
 package tree
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"path"
@@ -117,7 +125,10 @@ type Node interface {
 type node struct {
 	parent *Dir   // guarded by Tree.mu; nil for the root and once removed
 	name   string // guarded by Tree.mu
-	aux    any    // set once, before the node is published
+	// busy is guarded by Tree.mu: non-nil while an unlink or rename works
+	// on the node without Tree.mu, closed when it is done.
+	busy chan struct{}
+	aux  any // set once, before the node is published
 
 	mu   sync.Mutex // guards: meta
 	meta Meta
@@ -347,25 +358,73 @@ func (d *Dir) Rmdir(name string) error {
 
 // Unlink removes the file name: its region is deregistered at once, then
 // the buffer freed; a client that has it open or mapped keeps its pages
-// until it lets go. ENOENT, or EISDIR for a directory.
+// until it lets go. ENOENT, or EISDIR for a directory. A failure to free
+// leaves the name. The name goes once the buffer is freed: until then
+// (a registration of the file under way) other calls see it still.
 func (d *Dir) Unlink(name string) error {
-	d.t.mu.Lock()
-	defer d.t.mu.Unlock()
-	n := d.entries[name]
-	f, ok := n.(*File)
-	switch {
-	case n == nil:
-		return fmt.Errorf("unlink %q: %w", name, syscall.ENOENT)
-	case !ok:
-		return fmt.Errorf("unlink %q: %w", name, syscall.EISDIR)
+	t := d.t
+	t.mu.Lock()
+	var f *File
+	for {
+		n := d.entries[name]
+		var ok bool
+		f, ok = n.(*File)
+		switch {
+		case n == nil:
+			t.mu.Unlock()
+			return fmt.Errorf("unlink %q: %w", name, syscall.ENOENT)
+		case !ok:
+			t.mu.Unlock()
+			return fmt.Errorf("unlink %q: %w", name, syscall.EISDIR)
+		}
+		if !t.waitLocked(f) {
+			break
+		}
 	}
-	if err := f.buf.Free(); err != nil {
+	done := t.markLocked(f)
+	t.mu.Unlock()
+
+	err := f.buf.Free()
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer done()
+	if err != nil {
 		return fmt.Errorf("unlink %q: %w", name, err)
 	}
 	f.unlinked.Store(true)
-	d.removeLocked(name)
-	d.Touch(true)
+	// Where the file is now: an exchange may have moved its name.
+	if p := f.parent; p != nil {
+		p.removeLocked(f.name)
+		p.Touch(true)
+	}
 	return nil
+}
+
+// waitLocked waits, without t.mu, for an unlink or rename working on n to
+// end, and says whether it waited: the caller looks up its names again.
+// Callers hold t.mu.
+func (t *Tree) waitLocked(n Node) bool {
+	ch := n.base().busy
+	if ch == nil {
+		return false
+	}
+	t.mu.Unlock()
+	<-ch
+	t.mu.Lock()
+	return true
+}
+
+// markLocked marks n busy; done (called with t.mu held) clears it and
+// wakes whoever waits. Callers hold t.mu.
+func (t *Tree) markLocked(n Node) (done func()) {
+	b := n.base()
+	ch := make(chan struct{})
+	b.busy = ch
+	return func() {
+		b.busy = nil
+		close(ch)
+	}
 }
 
 // removeLocked drops name from d. Callers hold t.mu for writing.
@@ -389,13 +448,13 @@ const (
 
 // Rename moves name in d to newName in dst. A file moved to another
 // directory is re-registered in that directory's PD (register there,
-// then deregister the old region: keys change) before anything else
-// changes; an entry renamed over is released last (a file freed as
-// Unlink does, an empty directory's PD deallocated). So a failure
-// changes nothing. RENAME_EXCHANGE swaps two entries of the same PD;
-// exchanging a file between PDs is EINVAL (two moves that could each
-// fail halfway). The kernel itself refuses moving a directory into its
-// own subtree.
+// then deregister the old region: keys change) before any name changes;
+// an entry renamed over is released next (a file freed as Unlink does,
+// an empty directory's PD deallocated), and when that fails the move is
+// undone: a failure changes no name. RENAME_EXCHANGE swaps two entries of
+// the same PD; exchanging a file between PDs is EINVAL (two moves that
+// could each fail halfway). The kernel itself refuses moving a directory
+// into its own subtree.
 func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error {
 	err := d.rename(name, dst, newName, flags)
 	if err == nil && d.t.opt.Renamed != nil {
@@ -403,6 +462,10 @@ func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error 
 	}
 	return err
 }
+
+// maxRenameTries bounds the times a rename starts again because another
+// call took its new name while it worked on the buffers.
+const maxRenameTries = 8
 
 func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) error {
 	if err := checkName(newName); err != nil {
@@ -414,81 +477,183 @@ func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) error 
 	t := d.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	src := d.entries[name]
-	if src == nil {
-		return fmt.Errorf("rename %q: %w", name, syscall.ENOENT)
-	}
-	old := dst.entries[newName]
-	if old == src {
-		return nil
-	}
-	_, srcIsDir := src.(*Dir)
-	switch {
-	case flags&RenameExchange != 0:
-		if flags&^RenameExchange != 0 {
-			return fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
+	for try := 0; ; try++ {
+		p, err := d.planLocked(name, dst, newName, flags)
+		if err != nil || p == nil {
+			return err // done under the lock, or refused
 		}
-		if old == nil {
-			return fmt.Errorf("exchange %q with %q: %w", name, newName, syscall.ENOENT)
+		if try == maxRenameTries {
+			return fmt.Errorf("rename %q: its new name keeps being taken: %w", name, syscall.EBUSY)
 		}
-		_, srcFile := src.(*File)
-		_, oldFile := old.(*File)
-		if d.dom != dst.dom && (srcFile || oldFile) {
-			return fmt.Errorf("exchange %q and %q between PDs %d and %d: %w", name, newName, d.dom.PD(), dst.dom.PD(), syscall.EINVAL)
+		if again, err := p.run(); err != nil || !again {
+			return err
 		}
-		d.removeLocked(name)
-		dst.removeLocked(newName)
-		d.addLocked(name, old)
-		dst.addLocked(newName, src)
-		d.Touch(true)
-		dst.Touch(true)
-		return nil
-	case flags&^RenameNoReplace != 0:
-		return fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
-	case flags&RenameNoReplace != 0 && old != nil:
-		return fmt.Errorf("rename %q: %q exists: %w", name, newName, syscall.EEXIST)
 	}
+}
 
-	switch o := old.(type) {
-	case *File:
-		if srcIsDir {
-			return fmt.Errorf("rename directory %q over file %q: %w", name, newName, syscall.ENOTDIR)
+// renamePlan is a rename that waits for buffers: a move of a file to
+// another PD, or a file renamed over.
+type renamePlan struct {
+	d, dst        *Dir
+	name, newName string
+	src           Node
+	old           *File // the file renamed over, or nil
+	move          *File // src when it moves to another PD, or nil
+}
+
+// planLocked checks a rename and does it at once when no buffer is to be
+// waited for (it returns a nil plan then); otherwise it returns the plan
+// for the buffer work. A busy entry is waited for first. Callers hold
+// t.mu.
+func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*renamePlan, error) {
+	t := d.t
+	for {
+		src := d.entries[name]
+		if src == nil {
+			return nil, fmt.Errorf("rename %q: %w", name, syscall.ENOENT)
 		}
-	case *Dir:
-		if !srcIsDir {
-			return fmt.Errorf("rename file %q over directory %q: %w", name, newName, syscall.EISDIR)
+		old := dst.entries[newName]
+		if old == src {
+			return nil, nil
 		}
-		if len(o.entries) > 0 {
-			return fmt.Errorf("rename %q over %q: %w", name, newName, syscall.ENOTEMPTY)
+		if t.waitLocked(src) || old != nil && t.waitLocked(old) {
+			continue
 		}
-	}
-	if f, ok := src.(*File); ok && d.dom != dst.dom {
-		if err := f.buf.Move(dst.dom); err != nil {
-			return fmt.Errorf("move %q to pd %d: %w", name, dst.dom.PD(), err)
+		_, srcIsDir := src.(*Dir)
+		switch {
+		case flags&RenameExchange != 0:
+			if flags&^RenameExchange != 0 {
+				return nil, fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
+			}
+			if old == nil {
+				return nil, fmt.Errorf("exchange %q with %q: %w", name, newName, syscall.ENOENT)
+			}
+			_, srcFile := src.(*File)
+			_, oldFile := old.(*File)
+			if d.dom != dst.dom && (srcFile || oldFile) {
+				return nil, fmt.Errorf("exchange %q and %q between PDs %d and %d: %w", name, newName, d.dom.PD(), dst.dom.PD(), syscall.EINVAL)
+			}
+			d.removeLocked(name)
+			dst.removeLocked(newName)
+			d.addLocked(name, old)
+			dst.addLocked(newName, src)
+			d.Touch(true)
+			dst.Touch(true)
+			return nil, nil
+		case flags&^RenameNoReplace != 0:
+			return nil, fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
+		case flags&RenameNoReplace != 0 && old != nil:
+			return nil, fmt.Errorf("rename %q: %q exists: %w", name, newName, syscall.EEXIST)
 		}
-	}
-	if old != nil {
-		var err error
+		p := &renamePlan{d: d, dst: dst, name: name, newName: newName, src: src}
 		switch o := old.(type) {
 		case *File:
-			if err = o.buf.Free(); err == nil {
-				o.unlinked.Store(true)
+			if srcIsDir {
+				return nil, fmt.Errorf("rename directory %q over file %q: %w", name, newName, syscall.ENOTDIR)
 			}
+			p.old = o
 		case *Dir:
-			err = o.dom.Close()
+			if !srcIsDir {
+				return nil, fmt.Errorf("rename file %q over directory %q: %w", name, newName, syscall.EISDIR)
+			}
+			if len(o.entries) > 0 {
+				return nil, fmt.Errorf("rename %q over %q: %w", name, newName, syscall.ENOTEMPTY)
+			}
+			// An empty directory's PD goes without waiting for a buffer.
+			if err := o.dom.Close(); err != nil {
+				return nil, fmt.Errorf("rename %q over %q: %w", name, newName, err)
+			}
 		}
-		if err != nil {
-			// The move (if any) already happened; the replaced entry
-			// could not be released, which leaves it to teardown.
-			t.log.Error("rename: releasing the replaced entry failed", "name", newName, "err", err)
+		if f, ok := src.(*File); ok && d.dom != dst.dom {
+			p.move = f
 		}
-		dst.removeLocked(newName)
+		if p.old == nil && p.move == nil {
+			p.commitLocked()
+			return nil, nil
+		}
+		return p, nil
 	}
-	d.removeLocked(name)
-	dst.addLocked(newName, src)
-	d.Touch(true)
-	dst.Touch(true)
+}
+
+// run does the plan's buffer work without t.mu (callers hold it; run
+// returns with it held), then changes the names. again says the new name
+// was taken meanwhile: the move was undone, and the rename starts over.
+func (p *renamePlan) run() (again bool, err error) {
+	t := p.d.t
+	// src is busy too, moving or not: no other call may take its name
+	// away while this one is without the lock.
+	dones := []func(){t.markLocked(p.src)}
+	if p.old != nil {
+		dones = append(dones, t.markLocked(p.old))
+	}
+	defer func() {
+		for _, done := range dones {
+			done()
+		}
+	}()
+	t.mu.Unlock()
+	err = p.buffers()
+	t.mu.Lock()
+	if err != nil {
+		return false, err
+	}
+	if p.old == nil && p.dst.entries[p.newName] != nil {
+		// Another call took the name while the buffer moved.
+		t.mu.Unlock()
+		err := p.undoMove()
+		t.mu.Lock()
+		return err == nil, err
+	}
+	p.commitLocked()
+	return false, nil
+}
+
+// buffers moves src's buffer to dst's PD, then frees the file renamed
+// over; when that fails, the move is undone.
+func (p *renamePlan) buffers() error {
+	if p.move != nil {
+		if err := p.move.buf.Move(p.dst.dom); err != nil {
+			return fmt.Errorf("move %q to pd %d: %w", p.name, p.dst.dom.PD(), err)
+		}
+	}
+	if p.old != nil {
+		if err := p.old.buf.Free(); err != nil {
+			err = fmt.Errorf("rename %q over %q: releasing the file replaced: %w", p.name, p.newName, err)
+			if uerr := p.undoMove(); uerr != nil {
+				return errors.Join(err, uerr)
+			}
+			return err
+		}
+		p.old.unlinked.Store(true)
+	}
 	return nil
+}
+
+// undoMove registers src's buffer back in its own PD after a move.
+func (p *renamePlan) undoMove() error {
+	if p.move == nil {
+		return nil
+	}
+	if err := p.move.buf.Move(p.d.dom); err != nil {
+		p.d.t.log.Error("rename: cannot move a buffer back to its PD after a failure; it stays registered in the new one",
+			"name", p.name, "pd", p.dst.dom.PD(), "err", err)
+		return fmt.Errorf("move %q back to pd %d: %w", p.name, p.d.dom.PD(), err)
+	}
+	return nil
+}
+
+// commitLocked changes the names. Callers hold t.mu.
+func (p *renamePlan) commitLocked() {
+	if p.old != nil {
+		if pp := p.old.parent; pp != nil {
+			pp.removeLocked(p.old.name)
+		}
+	}
+	p.dst.removeLocked(p.newName) // a directory renamed over
+	p.d.removeLocked(p.name)
+	p.dst.addLocked(p.newName, p.src)
+	p.d.Touch(true)
+	p.dst.Touch(true)
 }
 
 // Resolve finds the directory at p, relative to the mount's root ("/" or

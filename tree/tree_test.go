@@ -1,9 +1,12 @@
 package tree_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -497,4 +500,167 @@ func TestNlinkAndLongNames(t *testing.T) {
 	wantErrno(t, err, syscall.ENAMETOOLONG, "lookup of a 256-byte name")
 	_, err = root.Lookup(strings.Repeat("n", tree.MaxNameLen))
 	wantErrno(t, err, syscall.ENOENT, "lookup of a missing 255-byte name")
+}
+
+// failing is a device whose region at address fail refuses
+// deregistration: a release that fails.
+type failing struct {
+	verbs.Device
+	fail atomic.Uintptr
+}
+
+func (d *failing) AllocPD() (verbs.PD, error) {
+	pd, err := d.Device.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return &failingPD{PD: pd, d: d}, nil
+}
+
+type failingPD struct {
+	verbs.PD
+	d *failing
+}
+
+func (p *failingPD) RegMR(addr uintptr, length uint64, a verbs.Access) (verbs.MR, error) {
+	mr, err := p.PD.RegMR(addr, length, a)
+	if err != nil {
+		return nil, err
+	}
+	return &failingMR{MR: mr, d: p.d}, nil
+}
+
+func (p *failingPD) Responder() verbs.Responder { return p.PD.(verbs.ResponderPD).Responder() }
+
+type failingMR struct {
+	verbs.MR
+	d *failing
+}
+
+func (m *failingMR) Dereg() error {
+	if m.d.fail.Load() == m.Addr() {
+		return fmt.Errorf("dereg_mr: %w", syscall.EBUSY)
+	}
+	return m.MR.Dereg()
+}
+
+// A rename over a file whose release fails reports the failure and
+// changes no name: the file moved for it goes back to its PD, the file
+// renamed over stays, registered, and nothing is left unreachable.
+func TestRenameOverFailedRelease(t *testing.T) {
+	soft0, err := soft.New(soft.Options{}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := &failing{Device: soft0}
+	mgr := buffer.NewManager(dev, buffer.Options{Allowed: allRemote}, nil)
+	tr, err := tree.New(mgr, tree.Options{DefaultSize: page, DefaultAccess: allRemote}, allRemote, tree.Owner{}, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dev.fail.Store(0)
+		if _, err := mgr.Close(); err != nil {
+			t.Errorf("manager Close: %v", err)
+		}
+		soft0.Close()
+	})
+	root := tr.Root()
+	dst := mkdir(t, root, "dst")
+	a := create(t, root, "a")
+	old := create(t, dst, "b")
+	dev.fail.Store(old.Buffer().Info().Addr)
+	err = root.Rename("a", dst, "b", 0)
+	dev.fail.Store(0)
+	wantErrno(t, err, syscall.EBUSY, "rename over a file whose release fails")
+	if names(root) != "a,dst" || names(dst) != "b" {
+		t.Errorf("entries %q and %q after the failed rename", names(root), names(dst))
+	}
+	if n, _ := dst.Lookup("b"); n != tree.Node(old) || old.Unlinked() {
+		t.Error("the file renamed over left its name")
+	}
+	if !reaches(t, root, a) || reaches(t, dst, a) {
+		t.Error("the moved file is not back in its own PD")
+	}
+	if old.Buffer().Info().State != buffer.Registered {
+		t.Errorf("the file renamed over: %+v", old.Buffer().Info())
+	}
+	// Once releases work again, the same rename does.
+	if err := root.Rename("a", dst, "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if !old.Unlinked() || names(dst) != "b" || names(root) != "dst" {
+		t.Errorf("after the rename: %q %q", names(root), names(dst))
+	}
+}
+
+// Unlink and rename do not hold the namespace while they wait for a
+// buffer: while a long registration holds a buffer, an unlink of it
+// waits, and lookups, listings, creates, renames and unlinks of other
+// names go on meanwhile.
+func TestNoNamespaceLockWhileWaiting(t *testing.T) {
+	dev, err := soft.New(soft.Options{}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := buffer.NewManager(dev, buffer.Options{Allowed: allRemote, PopulateThreshold: 16 << 20, PopulateWorkers: 1, ChunkDelay: 100 * time.Millisecond}, nil)
+	tr, err := tree.New(mgr, tree.Options{DefaultAccess: allRemote}, allRemote, tree.Owner{}, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		mgr.Close()
+		dev.Close()
+	})
+	root := tr.Root()
+	other := mkdir(t, root, "other")
+	create(t, other, "x")
+	big := create(t, root, "big")
+	resized := make(chan error)
+	go func() { resized <- big.Buffer().Resize(context.Background(), 256<<20) }()
+	for big.Buffer().Info().Progress.Total == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	unlinked := make(chan error)
+	go func() { unlinked <- root.Unlink("big") }()
+	time.Sleep(50 * time.Millisecond) // the unlink waits for the buffer now
+	for range 3 {
+		if _, err := other.Lookup("x"); err != nil {
+			t.Fatal(err)
+		}
+		if names(other) != "x" || other.Nlink() != 2 {
+			t.Fatal("listing")
+		}
+		if err := other.Rename("x", other, "y", 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Rename("y", other, "x", 0); err != nil {
+			t.Fatal(err)
+		}
+		create(t, other, "z")
+		if err := other.Unlink("z"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-unlinked:
+		t.Fatalf("the unlink did not wait for the registration: %v", err)
+	case err := <-resized:
+		t.Fatalf("the registration ended before the calls on other names did: %v", err)
+	default:
+	}
+	// A second unlink of the same name waits for the first, then finds
+	// nothing.
+	again := make(chan error)
+	go func() { again <- root.Unlink("big") }()
+	if err := <-resized; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-unlinked; err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, <-again, syscall.ENOENT, "a second unlink of the same file")
+	if _, err := root.Lookup("big"); err == nil {
+		t.Error("big is still there")
+	}
 }
