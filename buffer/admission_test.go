@@ -67,7 +67,7 @@ func TestPerUserQuota(t *testing.T) {
 		t.Fatalf("another user's buffer: %v", err)
 	}
 	st := e.m.Stats()
-	if st.Users[1000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 3 * page}) || st.Users[2000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 2 * page}) || len(st.Users) != 2 {
+	if st.Users[1000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 3 * page, Charged: 3 * page}) || st.Users[2000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 2 * page, Charged: 2 * page}) || len(st.Users) != 2 {
 		t.Fatalf("Users %+v", st.Users)
 	}
 	errnoIs(t, a.Resize(context.Background(), 5*page), syscall.EDQUOT)
@@ -89,7 +89,7 @@ func TestPerUserQuota(t *testing.T) {
 		t.Fatalf("chown into room: %v", err)
 	}
 	st = e.m.Stats()
-	if st.Users[1000] != (buffer.UserStats{Buffers: 2, PinnedBytes: 3 * page}) || len(st.Users) != 1 {
+	if st.Users[1000] != (buffer.UserStats{Buffers: 2, PinnedBytes: 3 * page, Charged: 3 * page}) || len(st.Users) != 1 {
 		t.Fatalf("after chown: Users %+v", st.Users)
 	}
 	if !strings.Contains(e.log.String(), "max_pinned_per_user") || !strings.Contains(ev.hits(), "max_pinned_per_user") {
@@ -98,7 +98,7 @@ func TestPerUserQuota(t *testing.T) {
 	if err := a.Free(); err != nil {
 		t.Fatal(err)
 	}
-	if st := e.m.Stats(); st.Users[1000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 2 * page}) {
+	if st := e.m.Stats(); st.Users[1000] != (buffer.UserStats{Buffers: 1, PinnedBytes: 2 * page, Charged: 2 * page}) {
 		t.Fatalf("after Free: %+v", st.Users)
 	}
 }
@@ -193,9 +193,11 @@ func TestMemoryReadingReused(t *testing.T) {
 	want(3, "one once the reading is old")
 }
 
-// The tmpfs store is the budget: pages of files that are not registered
-// (grown past a limit) take room, and a registration that needs pages the
-// store no longer has is ENOSPC, naming it.
+// The tmpfs store is the budget: pages a client wrote through its own
+// descriptor, past what can be registered, are charged to the file's
+// owner when the daemon looks (they count against the budget), and an
+// unlinked file a client still holds keeps its charge until the store
+// reports its memory gone.
 func TestStoreFull(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
@@ -210,14 +212,14 @@ func TestStoreFull(t *testing.T) {
 		}
 	}
 	errnoIs(t, z.Sync(), syscall.EFBIG)
-	if st := e.m.Stats(); st.StoreUsed != 8*page || st.PinnedBytes != 2*page {
-		t.Fatalf("Stats %+v", st)
+	if st := e.m.Stats(); st.StoreUsed != 8*page || st.PinnedBytes != 2*page || st.ChargedBytes != 8*page || z.Charged() != 6*page {
+		t.Fatalf("Stats %+v, z charged %d", st, z.Charged())
 	}
 	err := a.Resize(context.Background(), 4*page)
 	errnoIs(t, err, syscall.ENOSPC)
 	check(t, e, a, 2*page, buffer.Registered)
-	if !strings.Contains(err.Error(), "the store is full (max_pinned, 32 KiB)") {
-		t.Fatalf("the store is not named: %v", err)
+	if !strings.Contains(err.Error(), "max_pinned (32 KiB) reached") {
+		t.Fatalf("the budget is not named: %v", err)
 	}
 	if _, err := f.WriteAt([]byte("z"), 30*page); err == nil {
 		t.Fatal("a client wrote past the store's size")
@@ -227,12 +229,18 @@ func TestStoreFull(t *testing.T) {
 	if err := z.Free(); err != nil {
 		t.Fatal(err)
 	}
-	// A client's descriptor keeps the removed file's pages; once closed,
-	// they are the store's again.
+	// A client's descriptor keeps the removed file's pages, charged; once
+	// closed, they are the store's again.
+	if st := e.m.Stats(); st.Orphans != 1 || st.OrphanBytes != 6*page || st.ChargedBytes != 8*page || st.Buffers != 1 {
+		t.Fatalf("with the unlinked file open: Stats %+v", st)
+	}
 	errnoIs(t, a.Resize(context.Background(), 4*page), syscall.ENOSPC)
 	f.Close()
 	if err := a.Resize(context.Background(), 4*page); err != nil {
 		t.Fatalf("once the store has room: %v", err)
+	}
+	if st := e.m.Stats(); st.Orphans != 0 || st.ChargedBytes != 4*page || st.StoreUsed != 4*page {
+		t.Fatalf("after the release: Stats %+v", st)
 	}
 }
 

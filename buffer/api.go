@@ -106,7 +106,14 @@ type Stats struct {
 	PDs             int
 	RegisteredBytes uint64 // sum of registered lengths
 	PinnedBytes     uint64 // the same rounded up to whole pages
-	Users           map[uint32]UserStats
+	// ChargedBytes is the store memory charged to owners (what max_pinned
+	// and max_pinned_per_user bound): what files hold, and what
+	// operations in progress may add. Orphans are the files unlinked while
+	// clients still hold them, OrphanBytes their part of it.
+	ChargedBytes uint64
+	Orphans      int
+	OrphanBytes  uint64
+	Users        map[uint32]UserStats
 	// Store is the backing store's kind; StoreUsed and StoreSize what its
 	// files hold and its own limit (0 when it has none).
 	Store     string
@@ -115,12 +122,19 @@ type Stats struct {
 	// OpenFds are clients' open descriptors of buffers, MaxOpenFds what
 	// RLIMIT_NOFILE leaves them.
 	OpenFds, MaxOpenFds int
+	// Maps are the daemon's memory mappings (counted, not read), MaxMaps
+	// vm.max_map_count: each registered buffer is one.
+	Maps, MaxMaps int
 }
 
-// UserStats are one uid's buffers and pinned bytes.
+// UserStats are one uid's buffers, registered (pinned) bytes and the
+// store memory charged to it, Orphaned of which for unlinked files still
+// open.
 type UserStats struct {
 	Buffers     int
 	PinnedBytes uint64
+	Charged     uint64
+	Orphaned    uint64
 }
 
 // Freed is what Manager.Close released itself.

@@ -20,6 +20,9 @@ import (
 // registration of that mapping.
 //
 // Invariants while the buffer lives (gone == nil):
+//   - charge covers every page the file holds but those a client made
+//     since the daemon last looked (a write past the end through a
+//     zero-copy open).
 //   - regs == nil: nothing is mapped (mp is empty); the buffer is Empty
 //     when size is 0, else Unregistered and reason says why.
 //   - regs != nil: regs cover [mp.base, mp.base+regs.length()) in order,
@@ -43,6 +46,18 @@ type Buffer struct {
 	reason string
 	gen    uint64 // registrations made
 	gone   error  // errFreed or errClosed once freed
+
+	// charge is the store memory charged to owner for the file (see
+	// charge.go): written under m.mu (and mu, but for an orphan's
+	// release), read under either or atomically.
+	charge atomic.Uint64
+	// guarded by m.mu: the clients' descriptors open (Fd) and how many of
+	// them may write; orphan: freed while open (its memory is still
+	// charged); reserved: the pages admitted for the operation under way
+	// (part of m.inflight).
+	opens, writers int
+	orphan         bool
+	reserved       uint64
 
 	pageSize atomic.Uint64 // PageSize's answer; 0: not learned since the last registration
 	// busy is set, while mu is held, for a registration that takes a
@@ -104,17 +119,7 @@ func (m *Manager) Create(d *Domain, size uint64, owner uint32) (*Buffer, error) 
 	// Manager.Close sees it; holding b.mu makes that Close wait for us.
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m.mu.Lock()
-	err := m.reserveBuffer(d, owner)
-	if err == nil {
-		m.buffers[b] = struct{}{}
-		d.nbuf++
-		b.access = d.access
-		m.nextID++
-		b.id = m.nextID
-	}
-	m.mu.Unlock()
-	if err != nil {
+	if err := m.reserveBuffer(b, d, owner); err != nil {
 		return nil, fmt.Errorf("create buffer in pd %d: %w", d.handle, err)
 	}
 
@@ -127,18 +132,20 @@ func (m *Manager) Create(d *Domain, size uint64, owner uint32) (*Buffer, error) 
 	if size > 0 {
 		err := f.Truncate(size)
 		if err == nil {
-			b.size = size
 			err = b.registerLocked(context.Background(), size, b.dom, b.access)
 		}
 		if err != nil {
 			b.abandonLocked()
 			return nil, fmt.Errorf("create buffer of %s: %w", bytesize.Format(size), err)
 		}
+		b.size = size
+		b.settleFileLocked()
 	}
 	return b, nil
 }
 
-// abandonLocked undoes a Create that failed after its reservation.
+// abandonLocked undoes a Create that failed after its reservation. Nobody
+// else has the file: its memory goes with its name.
 func (b *Buffer) abandonLocked() {
 	if b.f != nil {
 		if err := b.f.Remove(); err != nil {
@@ -147,12 +154,16 @@ func (b *Buffer) abandonLocked() {
 		b.f = nil
 	}
 	b.gone = errFreed
-	b.m.mu.Lock()
-	delete(b.m.buffers, b)
+	m := b.m
+	m.mu.Lock()
+	m.setChargeLocked(b, 0)
+	m.inflight -= b.reserved
+	b.reserved = 0
+	delete(m.buffers, b)
 	b.dom.nbuf--
-	b.m.user(b.owner).Buffers--
-	b.m.unuse(b.owner)
-	b.m.mu.Unlock()
+	m.user(b.owner).Buffers--
+	m.unuse(b.owner)
+	m.mu.Unlock()
 }
 
 // Info returns a snapshot. After Free it reports the last size with
@@ -251,7 +262,9 @@ func (b *Buffer) Sync() error {
 	if b.gone != nil {
 		return fmt.Errorf("sync: %w", b.gone)
 	}
-	return b.syncLocked()
+	err := b.syncLocked()
+	b.settleFileLocked()
+	return err
 }
 
 // syncLocked brings the registration in line with the file's size,
@@ -282,11 +295,14 @@ func (b *Buffer) syncedLocked(op func() error) error {
 // syncOnceLocked makes one attempt. After errRaced the buffer is as
 // before, unless final.
 func (b *Buffer) syncOnceLocked(final bool) error {
-	cur, _, err := b.f.Stat()
+	cur, held, err := b.f.Stat()
 	if err != nil {
 		return err
 	}
 	if cur == b.size && b.coveredLocked() {
+		if held != b.charge.Load() {
+			b.settleLocked(held, true) // a client wrote into a hole, or past the end and back
+		}
 		return nil
 	}
 	if cur == 0 {
@@ -322,63 +338,83 @@ func (b *Buffer) syncOnceLocked(final bool) error {
 // (whose size is at least n) in d with access a: the new regions are
 // registered first, then the old ones deregistered. A smaller n reuses the
 // current mapping and unmaps its tail afterwards; a larger one maps the
-// file anew. On failure, or when ctx ends first, the buffer is as before.
+// file anew. What the registration may add to the file's memory is
+// admitted and charged first (admit); the caller settles the charge when
+// its operation is done. On failure, or when ctx ends first, the buffer is
+// as before.
 func (b *Buffer) registerLocked(ctx context.Context, n uint64, d *Domain, a verbs.Access) error {
+	m := b.m
 	oldLen := b.regs.length()
 	reuse := b.regs != nil && n <= oldLen
-	mp := b.mp
-	if err := b.m.tooLarge(n, b.owner); err != nil {
+	grows := n > oldLen
+	if err := m.tooLarge(n, b.owner); err != nil {
 		return err // before mapping: see tooLarge
 	}
-	if !reuse {
-		p, err := b.f.Map(n)
-		if err != nil {
-			return b.m.classifyMap(err)
+	_, held, err := b.f.Stat()
+	if err != nil {
+		return err
+	}
+	var add uint64
+	if grows {
+		if add, err = b.growAddsLocked(n, held); err != nil {
+			return err
 		}
-		mp = mapping{base: p, len: pageRound(n)}
+	}
+	if err := m.admit(b, held, add, grows); err != nil {
+		return fmt.Errorf("register %s in pd %d: %w", bytesize.Format(n), d.handle, err)
+	}
+	mp := b.mp
+	if !reuse {
+		if mp, err = m.mapFile(b.f, n); err != nil {
+			return err
+		}
 	}
 	var prog *progress
-	if t := b.m.opt.PopulateThreshold; t > 0 && n >= t {
+	if t := m.opt.PopulateThreshold; t == 0 || n < t {
+		// A small registration is quick: an interrupt is not worth
+		// failing it for (Go programs get one at every preemption signal
+		// that comes while they wait).
+		ctx = context.Background()
+	}
+	if t := m.opt.PopulateThreshold; t > 0 && n >= t {
 		bs := &busy{info: b.infoLocked(), regs: b.regs.list()}
 		bs.prog.total = n
 		b.busy.Store(bs)
 		defer b.busy.Store(nil)
 		prog = &bs.prog
 	}
-	rs, err := b.m.register(ctx, b.f, d.pd, d.handle, mp.base, n, oldLen, oldLen, b.owner, a, prog)
+	rs, err := m.register(ctx, b.f, d.pd, d.handle, mp.base, n, oldLen, oldLen, b.owner, a, prog)
 	if err != nil {
 		if !reuse {
-			mp.unmap()
+			m.unmap(&mp)
 		}
 		return err
 	}
-	if rest, err := b.m.deregister(b.regs, b.owner, false); err != nil {
+	if rest, err := m.deregister(b.regs, b.owner, false); err != nil {
 		if len(rest) == len(b.regs) {
 			// Nothing of the old registration went: keep it, and take
 			// the new one back.
-			if left, uerr := b.m.deregister(rs, b.owner, false); uerr != nil {
-				b.m.log.Error("leaking memory regions", "regions", len(left), "err", uerr)
+			if left, uerr := m.deregister(rs, b.owner, false); uerr != nil {
+				m.log.Error("leaking memory regions", "regions", len(left), "err", uerr)
 			}
-			b.m.mu.Lock()
-			b.m.chargeLocked(b.owner, n, oldLen)
-			b.m.mu.Unlock()
+			m.mu.Lock()
+			m.pinLocked(b.owner, n, oldLen)
+			m.mu.Unlock()
 			if !reuse {
-				mp.unmap()
+				m.unmap(&mp)
 			}
 			return err
 		}
 		// Part of it went: the new registration is the only whole one.
-		b.m.log.Error("leaking memory regions", "regions", len(rest), "err", err)
+		m.log.Error("leaking memory regions", "regions", len(rest), "err", err)
 	}
 	if reuse {
 		if err := b.mp.shrink(n); err != nil {
 			// Only address space is lost: the daemon never reads the tail.
-			b.m.log.Error("cannot unmap the tail of a buffer mapping", "err", err)
+			m.log.Error("cannot unmap the tail of a buffer mapping", "err", err)
 		}
 	} else {
-		if err := b.mp.unmap(); err != nil {
-			b.m.log.Error("leaking a buffer mapping", "err", err)
-		}
+		m.unmap(&b.mp)
 		b.mp = mp
 	}
 	b.regs = rs
@@ -387,6 +423,57 @@ func (b *Buffer) registerLocked(ctx context.Context, n uint64, d *Domain, a verb
 	return nil
 }
 
+// growAddsLocked is the most memory a registration of [0, n) may add to
+// the file, which holds held bytes now: the holes below n (the pages
+// registration faults in, huge ones only within [0, n)), and with huge
+// pages past the end (huge=always) the rest of the last one. A file
+// registered whole (every page of its size present) and holding nothing
+// past its end needs no look at its holes.
+func (b *Buffer) growAddsLocked(n, held uint64) (uint64, error) {
+	var extra uint64
+	if g, pastEnd := b.m.store.Grain(); pastEnd {
+		extra = grainRound(n, g) - pageRound(n)
+	}
+	if b.coveredLocked() && held == pageRound(b.size) && n >= b.size {
+		return pageRound(n) - pageRound(b.size) + extra, nil
+	}
+	holes, err := b.f.Holes(0, n)
+	if err != nil {
+		return 0, err
+	}
+	return holes + extra, nil
+}
+
+// allocAdds is the most memory filling [off, off+length) of a file of
+// size bytes may add: its holes (past its end too), widened to the large
+// pages that filling may make (store.Store.Grain).
+func (b *Buffer) allocAdds(holes func(from, to uint64) (uint64, error), size, off, length uint64) (uint64, error) {
+	end := off + length
+	if end < off {
+		return 0, fmt.Errorf("range of %d bytes at %d: %w", length, off, syscall.EFBIG)
+	}
+	lo, hi := off, end
+	if g, pastEnd := b.m.store.Grain(); g > pageRound(1) {
+		// A large page (up to a huge one) made for a page of the range
+		// fills its whole aligned block: below off, and past end too,
+		// but (huge=within_size) only below the end of file or range.
+		lo &^= g - 1
+		hi = grainRound(end, g)
+		if !pastEnd {
+			hi = max(end, min(hi, pageRound(max(size, end))))
+		}
+	}
+	return holes(lo, hi)
+}
+
+// holesOf counts the holes of a descriptor's file (store.HolesFd).
+func holesOf(fd int) func(from, to uint64) (uint64, error) {
+	return func(from, to uint64) (uint64, error) { return store.HolesFd(fd, from, to) }
+}
+
+// grainRound rounds n up to a multiple of grain, a power of two.
+func grainRound(n, grain uint64) uint64 { return (n + grain - 1) &^ (grain - 1) }
+
 // dropLocked deregisters the regions and unmaps the mapping.
 func (b *Buffer) dropLocked() error {
 	rest, err := b.m.deregister(b.regs, b.owner, true)
@@ -394,10 +481,7 @@ func (b *Buffer) dropLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := b.mp.unmap(); err != nil {
-		b.m.log.Error("leaking a buffer mapping", "err", err)
-		b.mp = mapping{}
-	}
+	b.m.unmap(&b.mp)
 	b.reason = ""
 	return nil
 }
@@ -413,6 +497,7 @@ func (b *Buffer) Resize(ctx context.Context, size uint64) error {
 	if b.gone != nil {
 		return fmt.Errorf("resize: %w", b.gone)
 	}
+	defer b.settleFileLocked()
 	// Start from the size the kernel has: a client may have changed it.
 	if err := b.syncedLocked(func() error { return b.resizeLocked(ctx, size) }); err != nil {
 		return fmt.Errorf("resize to %s: %w", bytesize.Format(size), err)
@@ -481,6 +566,7 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 	if b.gone != nil {
 		return fmt.Errorf("set access: %w", b.gone)
 	}
+	defer b.settleFileLocked()
 	err := b.syncedLocked(func() error {
 		if b.regs == nil {
 			return nil // stored for the next registration
@@ -512,6 +598,7 @@ func (b *Buffer) Move(d *Domain) error {
 	if d == b.dom {
 		return nil
 	}
+	defer b.settleFileLocked()
 	m := b.m
 	// Count b in d before registering there, so d cannot be closed
 	// under a region in its PD.
@@ -552,39 +639,6 @@ func (m *Manager) reserveMove(d *Domain) error {
 	return nil
 }
 
-// SetOwner charges the buffer to uid from now on (chown): its pinned
-// bytes move to uid's quota, which must hold them (EDQUOT). On failure
-// nothing changes.
-func (b *Buffer) SetOwner(uid uint32) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("chown: %w", b.gone)
-	}
-	if uid == b.owner {
-		return nil
-	}
-	n := b.regs.length()
-	m := b.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if q := m.opt.MaxPinnedPerUser; q > 0 && n > 0 && m.user(uid).PinnedBytes+pageRound(n) > q {
-		held := m.users[uid].PinnedBytes
-		m.unuse(uid)
-		return fmt.Errorf("chown to uid %d: %w", uid, m.refuseLocked(limitPerUser, syscall.EDQUOT,
-			fmt.Sprintf("max_pinned_per_user (%s) of uid %d reached", bytesize.Format(q), uid),
-			fmt.Sprintf("cannot give uid %d a buffer of %s: it holds %s of its max_pinned_per_user (%s)", uid, bytesize.Format(n), bytesize.Format(held), bytesize.Format(q)),
-			"value", q, "uid", uid))
-	}
-	m.chargeLocked(b.owner, n, 0)
-	m.user(b.owner).Buffers--
-	m.unuse(b.owner)
-	m.user(uid).Buffers++
-	m.chargeLocked(uid, 0, n)
-	b.owner = uid
-	return nil
-}
-
 // ReadAt reads from the file (pread). Like pread, and unlike
 // io.ReaderAt, a short read at end of file returns a nil error.
 func (b *Buffer) ReadAt(p []byte, off int64) (int, error) {
@@ -608,6 +662,7 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	if b.gone != nil {
 		return 0, fmt.Errorf("write: %w", b.gone)
 	}
+	defer b.settleFileLocked()
 	var old uint64
 	err := b.syncedLocked(func() error {
 		old = b.size
@@ -633,16 +688,18 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 
 // Allocate is fallocate(2) on the file, then a Sync. When it extends
 // the file (mode without FALLOC_FL_KEEP_SIZE), the buffer is resized
-// first, so a limit fails cleanly before anything is allocated. After
-// FALLOC_FL_PUNCH_HOLE the buffer is registered anew (keys change), since
-// the old region pins the pages the hole removed from the file.
-// ctx stops a big registration as in Resize.
+// first, so a limit fails cleanly before anything is allocated; other
+// ranges (FALLOC_FL_KEEP_SIZE, past the end too) have the memory they may
+// add admitted and charged first. After FALLOC_FL_PUNCH_HOLE the buffer is
+// registered anew (keys change), since the old region pins the pages the
+// hole removed from the file. ctx stops a big registration as in Resize.
 func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return fmt.Errorf("fallocate: %w", b.gone)
 	}
+	defer b.settleFileLocked()
 	var old uint64
 	err := b.syncedLocked(func() error {
 		old = b.size
@@ -654,12 +711,21 @@ func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) 
 	if err != nil {
 		return fmt.Errorf("fallocate %d bytes at %d: %w", length, off, err)
 	}
-	if err := b.f.Allocate(mode, off, length); err != nil {
-		if b.size != old {
-			if rerr := b.resizeLocked(context.Background(), old); rerr != nil {
-				b.m.log.Error("cannot undo a resize after a failed fallocate", "err", rerr)
+	if mode&unix.FALLOC_FL_PUNCH_HOLE == 0 {
+		_, held, err := b.f.Stat()
+		if err == nil {
+			var add uint64
+			if add, err = b.allocAdds(b.f.Holes, b.size, off, length); err == nil {
+				err = b.m.admit(b, held, add, true)
 			}
 		}
+		if err != nil {
+			b.undoGrowLocked(old)
+			return fmt.Errorf("fallocate %d bytes at %d: %w", length, off, err)
+		}
+	}
+	if err := b.f.Allocate(mode, off, length); err != nil {
+		b.undoGrowLocked(old)
 		return err
 	}
 	if err := b.syncLocked(); err != nil {
@@ -677,50 +743,14 @@ func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) 
 	return nil
 }
 
-// Open gives a client's open its own descriptor of the file (the daemon
-// keeps none per buffer), counted against what RLIMIT_NOFILE leaves
-// clients: past it EMFILE, logged as that limit, and nothing else is
-// touched. ENOENT once freed.
-func (b *Buffer) Open() (*Fd, error) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.gone != nil {
-		return nil, fmt.Errorf("open: %w", b.gone)
+// undoGrowLocked takes the buffer back to size old after a failed
+// fallocate that had grown it first.
+func (b *Buffer) undoGrowLocked(old uint64) {
+	if b.size != old {
+		if err := b.resizeLocked(context.Background(), old); err != nil {
+			b.m.log.Error("cannot undo a resize after a failed fallocate", "err", err)
+		}
 	}
-	m := b.m
-	m.mu.Lock()
-	if m.openFds >= m.maxOpenFds {
-		m.mu.Unlock()
-		return nil, fmt.Errorf("open: %w", m.classifyFd(fmt.Errorf("%d clients' descriptors open: %w", m.maxOpenFds, syscall.EMFILE)))
-	}
-	m.openFds++
-	m.mu.Unlock()
-	fd, err := b.f.Open()
-	if err != nil {
-		m.mu.Lock()
-		m.openFds--
-		m.mu.Unlock()
-		return nil, fmt.Errorf("open: %w", m.classifyFd(err))
-	}
-	return &Fd{N: fd, m: m}, nil
-}
-
-// Fd is a client's descriptor of a buffer's file. It stays valid after
-// Free: the file's memory lives as long as it does.
-type Fd struct {
-	N    int
-	m    *Manager
-	once sync.Once
-}
-
-// Close closes the descriptor (once).
-func (f *Fd) Close() {
-	f.once.Do(func() {
-		unix.Close(f.N)
-		f.m.mu.Lock()
-		f.m.openFds--
-		f.m.mu.Unlock()
-	})
 }
 
 // Free deregisters the region (remote access ends at once), then unmaps
@@ -733,7 +763,9 @@ func (b *Buffer) Free() error {
 }
 
 // free is Free; it returns the regions it deregistered and their bytes
-// (whole pages).
+// (whole pages). A client that has the file open keeps its memory, still
+// charged to the owner (an orphan) until the last of its descriptors
+// closes; with none open, the memory goes now.
 func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -744,7 +776,8 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 		unpinned += pageRound(r.Length())
 	}
 	nregions = len(b.regs)
-	rest, err := b.m.deregister(b.regs, b.owner, true)
+	m := b.m
+	rest, err := m.deregister(b.regs, b.owner, true)
 	if err != nil {
 		for _, r := range rest {
 			unpinned -= pageRound(r.Length())
@@ -753,19 +786,34 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 		return nregions - len(rest), unpinned, fmt.Errorf("free: %w", err)
 	}
 	b.regs = nil
-	if err := b.mp.unmap(); err != nil {
-		b.m.log.Error("leaking a buffer mapping", "err", err)
-		b.mp = mapping{}
+	m.unmap(&b.mp)
+	// Decided under m.mu, which the last descriptor's Close takes too:
+	// an orphan's memory goes at that Close. With no descriptor open no
+	// client has the file (a mapping keeps one), and its memory goes now,
+	// whoever else in the kernel still holds it (go-fuse unregisters the
+	// backing file after the last RELEASE). New opens wait for b.mu, and
+	// then find the buffer gone.
+	m.mu.Lock()
+	open := b.opens > 0
+	if open {
+		m.orphanLocked(b)
 	}
+	m.mu.Unlock()
+	if !open {
+		if err := b.f.Truncate(0); err != nil {
+			m.log.Error("freeing a buffer's memory", "err", err)
+		}
+	}
+	b.settleFileLocked() // what a client wrote unseen goes with the rest
 	if err := b.f.Remove(); err != nil {
-		b.m.log.Error("removing a buffer's file", "err", err)
+		m.log.Error("removing a buffer's file", "err", err)
 	}
 	b.f, b.reason, b.gone = nil, "", gone
-	b.m.mu.Lock()
-	delete(b.m.buffers, b)
+	m.mu.Lock()
+	delete(m.buffers, b)
 	b.dom.nbuf--
-	b.m.user(b.owner).Buffers--
-	b.m.unuse(b.owner)
-	b.m.mu.Unlock()
+	m.user(b.owner).Buffers--
+	m.unuse(b.owner)
+	m.mu.Unlock()
 	return nregions, unpinned, nil
 }

@@ -43,7 +43,7 @@ func TestCreateEmptyAndRegistered(t *testing.T) {
 	}
 	st := e.m.Stats()
 	if st.Buffers != 2 || st.PDs != 1 || st.RegisteredBytes != 10000 || st.PinnedBytes != 3*page ||
-		len(st.Users) != 1 || st.Users[0] != (buffer.UserStats{Buffers: 2, PinnedBytes: 3 * page}) {
+		len(st.Users) != 1 || st.Users[0] != (buffer.UserStats{Buffers: 2, PinnedBytes: 3 * page, Charged: 3 * page}) {
 		t.Fatalf("Stats %+v", st)
 	}
 	if e.d.Buffers() != 2 || e.m.Regions() != 1 {

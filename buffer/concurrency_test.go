@@ -63,7 +63,7 @@ func TestConcurrency(t *testing.T) {
 					ok(b.Resize(context.Background(), uint64(r.IntN(8*page))))
 				case 2:
 					// A client writing past EOF through its own fd.
-					if fd, err := b.Open(); err == nil {
+					if fd, err := b.Open(true); err == nil {
 						_, _ = unix.Pwrite(fd.N, []byte("client"), int64(r.IntN(6*page)))
 						fd.Close()
 					}
@@ -112,7 +112,7 @@ func TestConcurrency(t *testing.T) {
 						}
 					}
 				case 11:
-					if fd, err := b.Open(); err == nil {
+					if fd, err := b.Open(true); err == nil {
 						_ = unix.Ftruncate(fd.N, int64(r.IntN(3*page)))
 						fd.Close()
 					}

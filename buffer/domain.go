@@ -39,26 +39,45 @@ func (m *Manager) NewDomain(defaultAccess verbs.Access) (*Domain, error) {
 	if err := m.checkAccess(defaultAccess); err != nil {
 		return nil, err
 	}
+	// The place is taken before the device is asked, so that concurrent
+	// mkdirs cannot pass max_pd together.
 	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
-		return nil, errClosed
+	if err := m.reservePDLocked(); err != nil {
+		m.mu.Unlock()
+		return nil, err
 	}
+	m.mu.Unlock()
 	pd, err := m.dev.AllocPD()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pdsPending--
 	if err != nil {
 		return nil, fmt.Errorf("allocate pd on %s: %w", m.dev.Name(), err)
 	}
 	d := &Domain{m: m, pd: pd, handle: pd.Handle(), access: defaultAccess}
 	rand.Read(d.token[:]) // never fails (crypto/rand, Go 1.24)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed { // Close ran while we allocated: it cannot see this PD
+	if m.closed {         // Close ran while we allocated: it cannot see this PD
 		pd.Dealloc()
 		return nil, errClosed
 	}
 	m.domains[d] = struct{}{}
 	return d, nil
+}
+
+// reservePDLocked takes a place for one more PD: ENOSPC, naming the
+// device's max_pd, when it holds as many as it can (rather than its own
+// EINVAL or ENOMEM, which name nothing). Callers hold m.mu.
+func (m *Manager) reservePDLocked() error {
+	if m.closed {
+		return errClosed
+	}
+	if max := m.attr.MaxPD; max > 0 && len(m.domains)+m.pdsPending >= max {
+		return m.refuseLocked(limitMaxPD, syscall.ENOSPC, fmt.Sprintf("device max_pd (%d) reached", max),
+			fmt.Sprintf("cannot make a directory: each one is a protection domain, and device %s holds at most %d (max_pd); remove directories, or use a device with a larger max_pd", m.dev.Name(), max),
+			"value", max, "device", m.dev.Name())
+	}
+	m.pdsPending++
+	return nil
 }
 
 // PD is the protection domain's number.

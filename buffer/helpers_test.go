@@ -195,21 +195,35 @@ func mappingsOf(t *testing.T, b *buffer.Buffer) int {
 	return n
 }
 
+// client is a client's open of a buffer: its own descriptor of the file,
+// as a passthrough open has, and the handle's Fd that the daemon keeps
+// open for it until RELEASE.
+type client struct {
+	*os.File
+	fd *buffer.Fd
+}
+
+// Close is the client's close and its RELEASE.
+func (c *client) Close() error {
+	err := c.File.Close()
+	c.fd.Close()
+	return err
+}
+
 // outside opens the file again, as a client's passthrough open does.
-func outside(t *testing.T, b *buffer.Buffer) *os.File {
+func outside(t *testing.T, b *buffer.Buffer) *client {
 	t.Helper()
-	fd, err := b.Open()
+	fd, err := b.Open(true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fd.Close()
 	n, err := unix.FcntlInt(uintptr(fd.N), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := os.NewFile(uintptr(n), "client")
-	t.Cleanup(func() { f.Close() })
-	return f
+	c := &client{File: os.NewFile(uintptr(n), "client"), fd: fd}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // pattern is size bytes that differ from page to page and byte to byte.

@@ -3,9 +3,6 @@ package buffer
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -13,7 +10,6 @@ import (
 
 	"mrfs/internal/bytesize"
 	"mrfs/internal/sysmem"
-	"mrfs/store"
 	"mrfs/verbs"
 )
 
@@ -31,6 +27,8 @@ const (
 	limitMaxMR       limitKind = "max_mr"
 	limitNoFile      limitKind = "RLIMIT_NOFILE"
 	limitMaxMapCount limitKind = "vm.max_map_count"
+	limitStore       limitKind = "store"
+	limitMaxPD       limitKind = "max_pd"
 )
 
 // limitError is a refusal because of a limit: the errno (or the device's
@@ -99,90 +97,144 @@ func (m *Manager) tooLarge(length uint64, owner uint32) error {
 	return nil
 }
 
-// admit decides whether length bytes of f may be registered for owner in
-// place of a region of oldLen bytes, and charges them when so. In order:
-//
-//  1. a size that could never be registered (tooLarge, which the caller
-//     has asked before mapping): EFBIG or EDQUOT;
-//  2. the owner's quota (max_pinned_per_user) with what it holds: EDQUOT;
-//  3. the budget with what is registered now: ENOSPC;
-//  4. the pages the registration would add (those the file does not hold
-//     yet) against what the store, the machine (MemAvailable) and the
-//     daemon's memory cgroup have left: ENOSPC for the store, ENOMEM for
-//     the others.
-//
-// Only the net change counts: the moment during a replacement when both
-// regions exist is mrfs's own doing, not the user's.
-func (m *Manager) admit(f store.File, length, oldLen uint64, owner uint32) error {
-	newP, oldP := pageRound(length), pageRound(oldLen)
-	budget, quota := m.opt.MaxPinned, m.opt.MaxPinnedPerUser
-	m.mu.Lock()
-	if held := m.user(owner).PinnedBytes; quota > 0 && newP > oldP && held-oldP+newP > quota {
-		defer m.mu.Unlock()
-		m.unuse(owner)
-		return m.refuseLocked(limitPerUser, syscall.EDQUOT,
-			fmt.Sprintf("max_pinned_per_user (%s) of uid %d reached", bytesize.Format(quota), owner),
-			fmt.Sprintf("cannot pin %s for uid %d: it holds %s of its max_pinned_per_user (%s); free some of its buffers or raise buffers.max_pinned_per_user", bytesize.Format(length), owner, bytesize.Format(held), bytesize.Format(quota)),
-			"value", quota, "uid", owner, "held", held, "request", length)
-	}
-	if budget > 0 && newP > oldP && m.pinned-oldP+newP > budget {
-		defer m.mu.Unlock()
-		m.unuse(owner)
-		return m.refuseLocked(limitMaxPinned, syscall.ENOSPC,
-			fmt.Sprintf("max_pinned (%s) reached", bytesize.Format(budget)),
-			fmt.Sprintf("cannot pin %s: max_pinned (%s) would be passed with %s pinned; free buffers or raise buffers.max_pinned in the config", bytesize.Format(length), bytesize.Format(budget), bytesize.Format(m.pinned)),
-			"value", budget, "pinned", m.pinned, "request", length)
-	}
-	m.chargeLocked(owner, oldLen, length)
-	m.mu.Unlock()
+// refusal is admission's answer before it is told: a limit, the errno,
+// the reason for Info.Reason, the advice for the log, and how many bytes
+// short the request is.
+type refusal struct {
+	kind   limitKind
+	errno  syscall.Errno
+	reason string
+	advice string
+	args   []any
+	short  uint64
+}
 
-	if err := m.admitMemory(f, length); err != nil {
-		m.mu.Lock()
-		m.chargeLocked(owner, length, oldLen)
-		m.mu.Unlock()
-		return err
+// releaseWait bounds how long admission waits for unlinked files to be
+// released when their memory would make room: the kernel sends FUSE's
+// RELEASE after a client's close returns, so an `rm` followed at once by
+// a `truncate` can find the removed file's memory still there.
+const releaseWait = 500 * time.Millisecond
+
+// admit decides whether b's file may hold held+add bytes of the store
+// (what it holds now, and the most the operation may add) and charges
+// them to b's owner when so, in one step under m.mu: concurrent requests see each other's
+// charges, so they can never pass together a bound each would pass alone.
+// grows says the operation adds memory or registers more; otherwise
+// (pages that exist already, a client's unseen writes) the charge is
+// taken without a check. In order:
+//
+//  1. the owner's quota (max_pinned_per_user) with what it is charged:
+//     EDQUOT;
+//  2. the budget (max_pinned) with every charge: ENOSPC;
+//  3. the pages to add against what the store has left, against what the
+//     machine (MemAvailable) and the daemon's memory cgroup have left:
+//     ENOSPC for the store, ENOMEM for the others.
+//
+// A refusal that unlinked files still held open would lift once released
+// waits for them briefly (releaseWait); one of the store, which holds
+// more than is charged, first charges what clients wrote unseen and asks
+// again, so that the refusal names whose memory it is.
+func (m *Manager) admit(b *Buffer, held, add uint64, grows bool) error {
+	deadline := time.Now().Add(releaseWait)
+	unseen := false
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for {
+		r := m.admitLocked(b, held, add, grows)
+		if r == nil {
+			return nil
+		}
+		if r.kind == limitStore && !unseen {
+			unseen = true
+			m.mu.Unlock()
+			m.chargeUnseen(b)
+			m.mu.Lock()
+			continue
+		}
+		if m.releasingLocked(r, b.owner) && m.waitReleaseLocked(deadline) {
+			continue
+		}
+		return m.refuseLocked(r.kind, r.errno, r.reason, r.advice, r.args...)
 	}
+}
+
+// releasingLocked says whether the memory of orphans would lift r.
+func (m *Manager) releasingLocked(r *refusal, owner uint32) bool {
+	switch r.kind {
+	case limitPerUser:
+		return m.user(owner).Orphaned >= r.short
+	case limitMaxPinned, limitStore, limitMemAvail, limitCgroup:
+		return m.orphaned >= r.short
+	}
+	return false
+}
+
+// admitLocked is admit's one attempt. Callers hold m.mu and b.mu.
+func (m *Manager) admitLocked(b *Buffer, held, add uint64, grows bool) *refusal {
+	want := held + add
+	need := want - min(want, b.charge.Load())
+	budget, quota := m.opt.MaxPinned, m.opt.MaxPinnedPerUser
+	owner := b.owner
+	u := m.user(owner)
+	defer m.unuse(owner)
+	if grows && quota > 0 && u.Charged+need > quota {
+		return &refusal{kind: limitPerUser, errno: syscall.EDQUOT, short: u.Charged + need - quota,
+			reason: fmt.Sprintf("max_pinned_per_user (%s) of uid %d reached", bytesize.Format(quota), owner),
+			advice: fmt.Sprintf("cannot give uid %d %s more: it holds %s of its max_pinned_per_user (%s)%s; free some of its buffers or raise buffers.max_pinned_per_user",
+				owner, bytesize.Format(need), bytesize.Format(u.Charged), bytesize.Format(quota), orphanNote(u.Orphaned)),
+			args: []any{"value", quota, "uid", owner, "held", u.Charged, "request", need}}
+	}
+	if grows && budget > 0 && m.charged+need > budget {
+		return &refusal{kind: limitMaxPinned, errno: syscall.ENOSPC, short: m.charged + need - budget,
+			reason: fmt.Sprintf("max_pinned (%s) reached", bytesize.Format(budget)),
+			advice: fmt.Sprintf("cannot pin %s more: max_pinned (%s) would be passed with %s held%s; free buffers or raise buffers.max_pinned in the config",
+				bytesize.Format(need), bytesize.Format(budget), bytesize.Format(m.charged), orphanNote(m.orphaned)),
+			args: []any{"value", budget, "held", m.charged, "request", need}}
+	}
+	// Only the pages to add need room: those a client made unseen are in
+	// the store already.
+	if add > 0 {
+		if used, size, ok := m.store.Usage(); ok && used+add > size {
+			return &refusal{kind: limitStore, errno: syscall.ENOSPC, short: used + add - size,
+				reason: fmt.Sprintf("the store is full (%s)", bytesize.Format(size)),
+				advice: fmt.Sprintf("cannot add %s: the backing store (max_pinned, %s) holds %s while %s is charged: clients wrote the rest through zero-copy opens, not charged yet; free buffers or raise buffers.max_pinned",
+					bytesize.Format(add), bytesize.Format(size), bytesize.Format(used), bytesize.Format(m.charged)),
+				args: []any{"value", size, "used", used, "charged", m.charged, "request", add}}
+		}
+		if r := m.memoryLocked(add); r != nil {
+			return r
+		}
+	}
+	m.setChargeLocked(b, b.charge.Load()+need)
+	// Until settled, the pages admitted count as taken from the memory
+	// left, however the readings come (memoryLeftLocked).
+	b.reserved += add
+	m.inflight += add
+	m.memSince += add
 	return nil
 }
 
-// admitMemory checks that the pages a registration of length bytes of f
-// adds exist somewhere: in the store, on the machine, in the cgroup.
-func (m *Manager) admitMemory(f store.File, length uint64) error {
-	_, held, err := f.Stat()
-	if err != nil {
+// orphanNote says how much of a charge is unlinked files still open.
+func orphanNote(n uint64) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%s of it in unlinked files still open)", bytesize.Format(n))
+}
+
+// storeFull names the store behind a failure to make pages (a population
+// that faulted, an mlock that could not fault n bytes in) when the store
+// has no room left: pages clients wrote unseen took it. Any other failure
+// passes through.
+func (m *Manager) storeFull(err error, n uint64) error {
+	used, size, ok := m.store.Usage()
+	if g, _ := m.store.Grain(); !ok || used+min(n, g) <= size {
 		return err
 	}
-	if held >= pageRound(length) {
-		return nil // every page is there already: pinning allocates nothing
-	}
-	need := pageRound(length) - held
-	if used, size, ok := m.store.Usage(); ok && used+need > size {
-		return m.refuse(limitMaxPinned, syscall.ENOSPC,
-			fmt.Sprintf("the store is full (max_pinned, %s)", bytesize.Format(size)),
-			fmt.Sprintf("cannot pin %s: the backing store (its size is max_pinned, %s) holds %s, part of it in files not registered (grown past a limit); free buffers or raise buffers.max_pinned", bytesize.Format(length), bytesize.Format(size), bytesize.Format(used)),
-			"value", size, "used", used, "request", length)
-	}
-	mem, err := m.memoryLeft(need)
-	if err != nil {
-		m.log.Debug("cannot read the memory left; pinning without checking it", "err", err)
-		return nil
-	}
-	if need+memReserve > mem.Available {
-		return m.refuse(limitMemAvail, syscall.ENOMEM,
-			fmt.Sprintf("MemAvailable (%s) too low", bytesize.Format(mem.Available)),
-			fmt.Sprintf("cannot pin %s: the machine has %s available (MemAvailable) and mrfs leaves %s of it; free memory or lower buffers.max_pinned", bytesize.Format(need), bytesize.Format(mem.Available), bytesize.Format(memReserve)),
-			"available", mem.Available, "request", need)
-	}
-	if room, ok := mem.CgroupHeadroom(); ok && need+memReserve > room {
-		return m.refuse(limitCgroup, syscall.ENOMEM,
-			fmt.Sprintf("memory cgroup limit (%s) reached", bytesize.Format(mem.CgroupLimit)),
-			fmt.Sprintf("cannot pin %s: the daemon's memory cgroup (%s) allows %s and uses %s; raise its limit or lower buffers.max_pinned", bytesize.Format(need), mem.Cgroup, bytesize.Format(mem.CgroupLimit), bytesize.Format(mem.CgroupUsage)),
-			"value", mem.CgroupLimit, "usage", mem.CgroupUsage, "request", need)
-	}
-	m.mu.Lock()
-	m.memSince += need
-	m.mu.Unlock()
-	return nil
+	return m.refuse(limitStore, syscall.ENOSPC,
+		fmt.Sprintf("the store is full (%s)", bytesize.Format(size)),
+		fmt.Sprintf("cannot make the pages of %s: the backing store (max_pinned, %s) is full; clients wrote past what is charged through zero-copy opens; free buffers or raise buffers.max_pinned", bytesize.Format(n), bytesize.Format(size)),
+		"value", size, "used", used, "err", err)
 }
 
 // Reading the memory left (meminfo, the process's cgroup, mountinfo) costs
@@ -195,14 +247,37 @@ const (
 	memoryNear  = 64 << 20
 )
 
-// memoryLeft returns what the machine and the cgroup have left for a
-// registration that adds need bytes of pages.
-func (m *Manager) memoryLeft(need uint64) (sysmem.Memory, error) {
-	m.mu.Lock()
+// memoryLocked checks that need bytes of new pages fit in what the
+// machine and the daemon's memory cgroup have left, beyond memReserve.
+// Callers hold m.mu, so that admissions see each other's pages
+// (memSince) between readings.
+func (m *Manager) memoryLocked(need uint64) *refusal {
+	mem, err := m.memoryLeftLocked(need)
+	if err != nil {
+		m.log.Debug("cannot read the memory left; pinning without checking it", "err", err)
+		return nil
+	}
+	if need+memReserve > mem.Available {
+		return &refusal{kind: limitMemAvail, errno: syscall.ENOMEM, short: need + memReserve - mem.Available,
+			reason: fmt.Sprintf("MemAvailable (%s) too low", bytesize.Format(mem.Available)),
+			advice: fmt.Sprintf("cannot pin %s: the machine has %s available (MemAvailable) and mrfs leaves %s of it; free memory or lower buffers.max_pinned", bytesize.Format(need), bytesize.Format(mem.Available), bytesize.Format(memReserve)),
+			args:   []any{"available", mem.Available, "request", need}}
+	}
+	if room, ok := mem.CgroupHeadroom(); ok && need+memReserve > room {
+		return &refusal{kind: limitCgroup, errno: syscall.ENOMEM, short: need + memReserve - room,
+			reason: fmt.Sprintf("memory cgroup limit (%s) reached", bytesize.Format(mem.CgroupLimit)),
+			advice: fmt.Sprintf("cannot pin %s: the daemon's memory cgroup (%s) allows %s and uses %s; raise its limit or lower buffers.max_pinned", bytesize.Format(need), mem.Cgroup, bytesize.Format(mem.CgroupLimit), bytesize.Format(mem.CgroupUsage)),
+			args:   []any{"value", mem.CgroupLimit, "usage", mem.CgroupUsage, "request", need}}
+	}
+	return nil
+}
+
+// memoryLeftLocked returns what the machine and the cgroup have left for
+// a registration that adds need bytes of pages. Callers hold m.mu.
+func (m *Manager) memoryLeftLocked(need uint64) (sysmem.Memory, error) {
 	est, read, age := m.mem, !m.memAt.IsZero(), now().Sub(m.memAt)
 	est.Available -= min(est.Available, m.memSince)
 	est.CgroupUsage += m.memSince
-	m.mu.Unlock()
 	want := need + memReserve + memoryNear
 	if room, limited := est.CgroupHeadroom(); read && age >= 0 && age < memoryFresh &&
 		est.Available >= want && (!limited || room >= want) {
@@ -212,9 +287,8 @@ func (m *Manager) memoryLeft(need uint64) (sysmem.Memory, error) {
 	if err != nil {
 		return mem, err
 	}
-	m.mu.Lock()
-	m.mem, m.memAt, m.memSince = mem, now(), 0
-	m.mu.Unlock()
+	// Pages admitted but maybe not made yet are not in the reading.
+	m.mem, m.memAt, m.memSince = mem, now(), m.inflight
 	return mem, nil
 }
 
@@ -246,22 +320,6 @@ func (m *Manager) classifyLocked(err error, length uint64) error {
 	return err
 }
 
-// classifyMap names the limit behind a failed mmap: ENOMEM with the
-// process's mappings at vm.max_map_count.
-func (m *Manager) classifyMap(err error) error {
-	if !errors.Is(err, syscall.ENOMEM) {
-		return m.classifyFd(err)
-	}
-	limit, n := maxMapCount(), mapCount()
-	if limit == 0 || n+16 < limit {
-		return err
-	}
-	return m.refuse(limitMaxMapCount, err,
-		fmt.Sprintf("vm.max_map_count (%d) reached", limit),
-		fmt.Sprintf("cannot map a buffer: the daemon has %d mappings and vm.max_map_count is %d (each registered buffer is one); raise it with `sysctl vm.max_map_count=...`", n, limit),
-		"value", limit)
-}
-
 // classifyFd names RLIMIT_NOFILE behind EMFILE or ENFILE.
 func (m *Manager) classifyFd(err error) error {
 	if !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.ENFILE) {
@@ -273,23 +331,6 @@ func (m *Manager) classifyFd(err error) error {
 		fmt.Sprintf("RLIMIT_NOFILE (%d) reached", rl.Cur),
 		fmt.Sprintf("out of file descriptors: RLIMIT_NOFILE is %d and clients hold %d open buffers; raise it with `ulimit -n` (LimitNOFILE= in a systemd unit)", rl.Cur, m.Stats().OpenFds),
 		"value", rl.Cur)
-}
-
-func maxMapCount() int {
-	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return n
-}
-
-func mapCount() int {
-	b, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		return 0
-	}
-	return strings.Count(string(b), "\n")
 }
 
 // reason is the Info.Reason for an error that left a registration short

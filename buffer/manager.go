@@ -27,22 +27,36 @@ type Manager struct {
 
 	mu sync.Mutex
 	// guards (with mu): the sets of buffers and domains, every Domain's
-	// mutable fields, the counters, the per-user charges, the
-	// limit-warning times, the memory reading and the open descriptors.
+	// mutable fields, the counters, the per-user charges, every Buffer's
+	// charge, descriptors and orphan state (charge.go), the
+	// limit-warning times, the memory reading, the mappings and the open
+	// descriptors.
 	closed     bool
 	buffers    map[*Buffer]struct{}
 	domains    map[*Domain]struct{}
 	registered uint64 // sum of registered lengths, net of a replacement in flight
 	pinned     uint64 // the same in whole pages
 	regions    int    // live regions, counting both during a replacement
+	pdsPending int    // PDs being allocated (domain.go)
+	charged    uint64 // store memory charged to owners: every Buffer's charge
+	orphans    int    // buffers freed while clients hold them open
+	orphaned   uint64 // their charges
 	users      map[uint32]*UserStats
 	warned     map[limitKind]time.Time
 	mem        sysmem.Memory // the last reading of the memory left (limits.go)
 	memAt      time.Time     // when it was read
-	memSince   uint64        // bytes of pages admitted since
+	memSince   uint64        // bytes of pages admitted since, or not made then
+	inflight   uint64        // bytes of pages admitted and not settled yet
+	maps       mapCount      // the daemon's mappings (maps.go)
 	nextID     uint64
 	openFds    int
 	maxOpenFds int
+	// writers are the buffers with writable descriptors open: where pages
+	// the daemon has not seen can come from.
+	writers map[*Buffer]struct{}
+	// releases is closed (and replaced) whenever an orphan's memory is
+	// released, for admissions waiting for it.
+	releases chan struct{}
 }
 
 // NewManager returns a Manager registering on dev. It does not own dev or
@@ -65,18 +79,21 @@ func NewManager(dev verbs.Device, opt Options, log *slog.Logger) *Manager {
 		events = noEvents{}
 	}
 	m := &Manager{
-		dev:     dev,
-		attr:    dev.Attr(),
-		opt:     opt,
-		store:   opt.Store,
-		memory:  opt.Memory,
-		events:  events,
-		log:     log,
-		buffers: make(map[*Buffer]struct{}),
-		domains: make(map[*Domain]struct{}),
-		users:   make(map[uint32]*UserStats),
-		warned:  make(map[limitKind]time.Time),
+		dev:      dev,
+		attr:     dev.Attr(),
+		opt:      opt,
+		store:    opt.Store,
+		memory:   opt.Memory,
+		events:   events,
+		log:      log,
+		buffers:  make(map[*Buffer]struct{}),
+		domains:  make(map[*Domain]struct{}),
+		users:    make(map[uint32]*UserStats),
+		warned:   make(map[limitKind]time.Time),
+		writers:  make(map[*Buffer]struct{}),
+		releases: make(chan struct{}),
 	}
+	m.maps.init()
 	if c := opt.MaxRegionSize; c > 0 && c < m.attr.MaxMRSize {
 		m.attr.MaxMRSize = c // split as a device of that limit would
 	}
@@ -108,12 +125,15 @@ func (m *Manager) Options() Options { return m.opt }
 
 // Stats returns current totals.
 func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Read under mu: admission charges under mu before the pages exist,
+	// so this reading never shows more used than charged but for what a
+	// client wrote unseen.
 	used, size, ok := m.store.Usage()
 	if !ok {
 		size = 0
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	users := make(map[uint32]UserStats, len(m.users))
 	for uid, u := range m.users {
 		users[uid] = *u
@@ -123,12 +143,17 @@ func (m *Manager) Stats() Stats {
 		PDs:             len(m.domains),
 		RegisteredBytes: m.registered,
 		PinnedBytes:     m.pinned,
+		ChargedBytes:    m.charged,
+		Orphans:         m.orphans,
+		OrphanBytes:     m.orphaned,
 		Users:           users,
 		Store:           m.store.Kind(),
 		StoreUsed:       used,
 		StoreSize:       size,
 		OpenFds:         m.openFds,
 		MaxOpenFds:      m.maxOpenFds,
+		Maps:            m.maps.usedLocked(),
+		MaxMaps:         m.maps.limit,
 	}
 }
 
@@ -216,24 +241,64 @@ var (
 	errClosed = fmt.Errorf("buffer manager closed: %w", syscall.ENODEV)
 )
 
-// reserveBuffer counts one more buffer in d for owner, or refuses with
-// ENOSPC past MaxBuffers. Callers hold m.mu.
-func (m *Manager) reserveBuffer(d *Domain, owner uint32) error {
-	if m.closed {
-		return errClosed
-	}
-	if d.m != m {
-		return fmt.Errorf("domain belongs to another manager: %w", syscall.EINVAL)
-	}
-	if d.closed {
-		return fmt.Errorf("pd %d is deallocated: %w", d.handle, syscall.ENOENT)
-	}
-	if max := m.opt.MaxBuffers; max > 0 && len(m.buffers) >= max {
+// reserveBuffer counts b, a new buffer in d for owner, or refuses with
+// ENOSPC past MaxBuffers. Files unlinked while open count: the store
+// holds them until clients let go, which admission waits for briefly.
+func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) error {
+	deadline := time.Now().Add(releaseWait)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for {
+		switch {
+		case m.closed:
+			return errClosed
+		case d.m != m:
+			return fmt.Errorf("domain belongs to another manager: %w", syscall.EINVAL)
+		case d.closed:
+			return fmt.Errorf("pd %d is deallocated: %w", d.handle, syscall.ENOENT)
+		}
+		max := m.opt.MaxBuffers
+		if max <= 0 || len(m.buffers)+m.orphans < max {
+			break
+		}
+		if m.orphans > 0 && m.waitReleaseLocked(deadline) {
+			continue
+		}
+		open := ""
+		if m.orphans > 0 {
+			open = fmt.Sprintf(" (%d of them unlinked, still open)", m.orphans)
+		}
 		return m.refuseLocked(limitMaxBuffers, syscall.ENOSPC, fmt.Sprintf("max_buffers (%d) reached", max),
-			fmt.Sprintf("cannot create a buffer: max_buffers (%d) reached; raise buffers.max_buffers in the config", max))
+			fmt.Sprintf("cannot create a buffer: max_buffers (%d) reached%s; raise buffers.max_buffers in the config", max, open))
 	}
+	m.buffers[b] = struct{}{}
+	d.nbuf++
+	b.access = d.access
+	m.nextID++
+	b.id = m.nextID
 	m.user(owner).Buffers++
 	return nil
+}
+
+// waitReleaseLocked waits, releasing m.mu meanwhile, for an orphan's
+// memory to be released or for deadline; it says whether one was.
+// Callers hold m.mu.
+func (m *Manager) waitReleaseLocked(deadline time.Time) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	ch := m.releases
+	m.mu.Unlock()
+	defer m.mu.Lock()
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // user is uid's charge, made on first use. Callers hold m.mu.
@@ -248,7 +313,7 @@ func (m *Manager) user(uid uint32) *UserStats {
 
 // unuse drops uid's entry once it holds nothing. Callers hold m.mu.
 func (m *Manager) unuse(uid uint32) {
-	if u := m.users[uid]; u != nil && u.Buffers == 0 && u.PinnedBytes == 0 {
+	if u := m.users[uid]; u != nil && *u == (UserStats{}) {
 		delete(m.users, uid)
 	}
 }
@@ -262,9 +327,9 @@ var errRaced = fmt.Errorf("file shrank during registration: %w", syscall.EAGAIN)
 // maxRetries bounds the retries after errRaced.
 const maxRetries = 3
 
-// chargeLocked moves the counters of owner from a region of oldLen bytes
-// to one of newLen (either may be 0). Callers hold m.mu.
-func (m *Manager) chargeLocked(owner uint32, oldLen, newLen uint64) {
+// pinLocked moves the registered counters of owner from a region of
+// oldLen bytes to one of newLen (either may be 0). Callers hold m.mu.
+func (m *Manager) pinLocked(owner uint32, oldLen, newLen uint64) {
 	oldP, newP := pageRound(oldLen), pageRound(newLen)
 	u := m.user(owner)
 	m.pinned = m.pinned - oldP + newP

@@ -70,7 +70,7 @@ func TestNoFile(t *testing.T) {
 	// Clients' opens: 16 fit, the next is EMFILE and touches nothing.
 	var fds []*buffer.Fd
 	for i := range 20 {
-		fd, err := bufs[i].Open()
+		fd, err := bufs[i].Open(true)
 		if err != nil {
 			if !errors.Is(err, syscall.EMFILE) || len(fds) != 16 {
 				t.Fatalf("open %d: %v (after %d)", i, err, len(fds))
@@ -79,7 +79,7 @@ func TestNoFile(t *testing.T) {
 		}
 		fds = append(fds, fd)
 	}
-	bufs[19].Open() // refused again: logged once only
+	bufs[19].Open(true) // refused again: logged once only
 	if n := strings.Count(e.log.String(), "RLIMIT_NOFILE is"); n != 1 {
 		t.Errorf("RLIMIT_NOFILE logged %d times, want 1:\n%s", n, e.log.String())
 	}
@@ -95,7 +95,7 @@ func TestNoFile(t *testing.T) {
 	for _, fd := range fds {
 		fd.Close()
 	}
-	if fd, err := bufs[0].Open(); err != nil {
+	if fd, err := bufs[0].Open(true); err != nil {
 		t.Fatalf("open once descriptors were closed: %v", err)
 	} else {
 		fd.Close()

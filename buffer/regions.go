@@ -66,29 +66,21 @@ func (p *progress) add(n uint64) {
 }
 
 // register registers the first length bytes of f's mapping at base in pd for owner,
-// charging the net change from a registration of oldLen bytes: first
-// admission (admit), then, for a big range, the pages that do not exist
-// yet are populated by workers (populate, from newFrom on), then the
-// range is registered in regions of at most the device's max_mr_size.
-// ctx ends the work between chunks and between regions (a FUSE
-// INTERRUPT): nothing is left registered or charged then. A device
-// refusal that is a known limit names it, unless the file shrank
-// meanwhile (errRaced).
+// in place of a registration of oldLen bytes (admission and the charge of
+// the file's memory are the caller's): for a big range, the pages that do
+// not exist yet are populated by workers first (populate, from newFrom
+// on), then the range is registered in regions of at most the device's
+// max_mr_size, and the registered bytes are counted for owner. ctx ends
+// the work between chunks and between regions (a FUSE INTERRUPT): nothing
+// is left registered then. A device refusal that is a known limit names
+// it, unless the file shrank meanwhile (errRaced); a store too full for
+// the pages says so.
 func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum uint32, base unsafe.Pointer, length, oldLen, newFrom uint64, owner uint32, a verbs.Access, prog *progress) (regions, error) {
 	addr := uintptr(base)
 	what := fmt.Sprintf("register %s in pd %d", bytesize.Format(length), pdNum)
-	if err := m.admit(f, length, oldLen, owner); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	unadmit := func() {
-		m.mu.Lock()
-		m.chargeLocked(owner, length, oldLen)
-		m.mu.Unlock()
-	}
 	if t := m.opt.PopulateThreshold; t > 0 && length >= t && newFrom < length {
 		if err := m.populate(ctx, base, newFrom, length, prog); err != nil {
-			unadmit()
-			return nil, fmt.Errorf("%s: populate: %w", what, err)
+			return nil, fmt.Errorf("%s: populate: %w", what, m.storeFull(err, length))
 		}
 	} else {
 		prog.add(length - min(newFrom, length))
@@ -113,17 +105,18 @@ func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum
 			if rest, derr := m.deregister(rs, owner, false); derr != nil {
 				m.log.Error("leaking memory regions", "regions", len(rest), "err", derr)
 			}
-			unadmit()
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("%s: %w", what, interrupted(ctx))
 			}
-			m.mu.Lock()
 			if cur, _, serr := f.Stat(); serr == nil && cur < length {
 				err = fmt.Errorf("%w (to %s): %w", errRaced, bytesize.Format(cur), err)
+			} else if serr := m.storeFull(err, n); serr != err {
+				err = serr
 			} else {
+				m.mu.Lock()
 				err = m.classifyLocked(err, n)
+				m.mu.Unlock()
 			}
-			m.mu.Unlock()
 			if len(rs) > 0 || n < length {
 				return nil, fmt.Errorf("%s: region %d (%s at offset %s): %w", what, len(rs)+1, bytesize.Format(n), bytesize.Format(off), err)
 			}
@@ -135,12 +128,15 @@ func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum
 		m.mu.Unlock()
 		m.events.Registered(n, took)
 	}
+	m.mu.Lock()
+	m.pinLocked(owner, oldLen, length)
+	m.mu.Unlock()
 	return rs, nil
 }
 
 // deregister deregisters rs in order. uncharge says whether their bytes
-// still count: after a replacement the new registration already charged
-// the net change. It stops at the first failure and returns the regions
+// still count as registered: after a replacement the new registration
+// already counted the net change. It stops at the first failure and returns the regions
 // still registered.
 func (m *Manager) deregister(rs regions, owner uint32, uncharge bool) (regions, error) {
 	for i, r := range rs {
@@ -150,7 +146,7 @@ func (m *Manager) deregister(rs regions, owner uint32, uncharge bool) (regions, 
 		m.mu.Lock()
 		m.regions--
 		if uncharge {
-			m.chargeLocked(owner, r.Length(), 0)
+			m.pinLocked(owner, r.Length(), 0)
 		}
 		m.mu.Unlock()
 		m.events.Deregistered(r.Length())

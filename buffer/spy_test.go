@@ -28,12 +28,16 @@ type spy struct {
 	failDereg  func(mr verbs.MR) error
 	violations []string
 	maxMRSize  uint64 // 0: the device's own
+	maxPD      int    // 0: the device's own
 }
 
 func (s *spy) Attr() verbs.DeviceAttr {
 	a := s.Device.Attr()
 	if s.maxMRSize != 0 {
 		a.MaxMRSize = s.maxMRSize
+	}
+	if s.maxPD != 0 {
+		a.MaxPD = s.maxPD
 	}
 	return a
 }

@@ -7,15 +7,13 @@ import (
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
-
 	"mrfs/buffer"
 	"mrfs/tree"
 )
 
 // bufferNode is the FUSE inode of a regular file: a registered buffer.
-// Its size is the memfd's, learned by buffer.Sync at getattr, getxattr,
-// flush and release.
+// Its size is its store file's, learned by buffer.Sync at getattr,
+// getxattr, flush and release.
 type bufferNode struct {
 	fusefs.Inode
 	fsys *filesystem
@@ -39,36 +37,41 @@ var (
 )
 
 func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.sync()
+	if fd := n.orphanFd(f); fd != nil {
+		fd.Sync() // an unlinked file's charge follows what its client wrote
+	} else {
+		n.sync()
+	}
 	n.fillAttr(&out.Attr)
 	n.fillOrphanSize(f, &out.Attr)
 	return 0
 }
 
 // orphanFd is, for a file already unlinked, the descriptor an open
-// handle f holds, else -1. The buffer is freed then (its region
+// handle f holds, else nil. The buffer is freed then (its region
 // deregistered, its file out of the store), but the client still has the
 // memory: fstat, ftruncate and fallocate through f act on it, as on any
 // unlinked file.
-func (n *bufferNode) orphanFd(f fusefs.FileHandle) int {
+func (n *bufferNode) orphanFd(f fusefs.FileHandle) *buffer.Fd {
 	switch h := f.(type) {
 	case *passthroughHandle:
 		return h.orphan()
 	case *directHandle:
 		return h.orphan()
 	}
-	return -1
+	return nil
 }
 
 func (n *bufferNode) fillOrphanSize(f fusefs.FileHandle, out *fuse.Attr) {
-	var st unix.Stat_t
-	if fd := n.orphanFd(f); fd >= 0 && unix.Fstat(fd, &st) == nil {
-		out.Size = uint64(st.Size)
-		out.Blocks = (out.Size + 511) / 512
+	if fd := n.orphanFd(f); fd != nil {
+		if size, err := fd.Size(); err == nil {
+			out.Size = size
+			out.Blocks = (size + 511) / 512
+		}
 	}
 }
 
-// sync learns the memfd's size. A failure to re-register (a limit hit by
+// sync learns the store file's size. A failure to re-register (a limit hit by
 // a write past EOF) is recorded in the buffer's state (user.mrfs.state);
 // only a writer's close is told of it (see flush).
 func (n *bufferNode) sync() error {
@@ -114,8 +117,8 @@ func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
 func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if size, ok := in.GetSize(); ok {
 		var err error
-		if fd := n.orphanFd(f); fd >= 0 {
-			err = unix.Ftruncate(fd, int64(size)) // nothing registered any more
+		if h, ok := f.(interface{ fd() *buffer.Fd }); ok {
+			err = h.fd().Truncate(ctx, size) // also after an unlink
 		} else {
 			err = n.buf.Resize(ctx, size)
 		}
@@ -158,11 +161,12 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 // the kernel after Open returns, and after an unlink it is the open
 // file's only way to its memory.
 func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32, error) {
-	fd, err := n.buf.Open()
+	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	fd, err := n.buf.Open(writable)
 	if err != nil {
 		return nil, 0, err
 	}
-	h := handle{node: n, writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY, fd: fd}
+	h := handle{node: n, writable: writable, bfd: fd}
 	if !n.fsys.ZeroCopy {
 		return &directHandle{h}, fuse.FOPEN_DIRECT_IO, nil
 	}
@@ -171,8 +175,8 @@ func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32, error) 
 
 func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
 	var err error
-	if fd := n.orphanFd(f); fd >= 0 {
-		err = unix.Fallocate(fd, mode, int64(off), int64(size)) // nothing registered any more
+	if h, ok := f.(interface{ fd() *buffer.Fd }); ok {
+		err = h.fd().Allocate(ctx, off, size, mode) // also after an unlink
 	} else {
 		err = n.buf.Allocate(ctx, off, size, mode)
 	}

@@ -8,8 +8,6 @@ import (
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
-
 	"mrfs/buffer"
 )
 
@@ -21,16 +19,27 @@ import (
 type handle struct {
 	node     *bufferNode
 	writable bool       // opened for writing: flush reports registration failures
-	fd       *buffer.Fd // closed at release
+	bfd      *buffer.Fd // closed at release
 }
 
 var _ = (fusefs.FileLseeker)((*handle)(nil))
 
+// fd is the handle's descriptor, for calls through the handle
+// (ftruncate, fallocate), which act on the file also after an unlink.
+func (h *handle) fd() *buffer.Fd { return h.bfd }
+
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
+	if fd := h.orphan(); fd != nil {
+		fd.Sync()
+		return 0
+	}
 	return h.node.flush(h.writable)
 }
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	if fd := h.orphan(); fd != nil {
+		fd.Sync() // charged until the store reports the memory gone
+	}
 	h.release()
 	h.node.sync()
 	return 0
@@ -40,12 +49,12 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 // RELEASE comes (a Create that fails after making its handle).
 type releaser interface{ release() }
 
-func (h *handle) release() { h.fd.Close() }
+func (h *handle) release() { h.bfd.Close() }
 
 // Lseek answers SEEK_DATA and SEEK_HOLE (the kernel asks the daemon for
 // those) from the file itself.
 func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
-	n, err := unix.Seek(h.fd.N, int64(off), int(whence))
+	n, err := h.bfd.Seek(int64(off), int(whence))
 	if err != nil {
 		return 0, toErrno(h.node.fsys.log, "lseek", err)
 	}
@@ -53,12 +62,12 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 }
 
 // orphan is the descriptor to act on when the file was unlinked (nothing
-// is registered any more), else -1.
-func (h *handle) orphan() int {
+// is registered any more), else nil.
+func (h *handle) orphan() *buffer.Fd {
 	if h.node.f.Unlinked() {
-		return h.fd.N
+		return h.bfd
 	}
-	return -1
+	return nil
 }
 
 // passthroughHandle hands the kernel the buffer's file: reads, writes and
@@ -72,7 +81,7 @@ var (
 	_ = (fusefs.FileReleaser)((*passthroughHandle)(nil))
 )
 
-func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.fd.N, true }
+func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.bfd.N, true }
 
 // directHandle serves reads and writes through the daemon (degraded mode:
 // no passthrough). Opened with FOPEN_DIRECT_IO, so the kernel keeps no
@@ -87,13 +96,7 @@ var (
 )
 
 func (h *directHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	var n int
-	var err error
-	if fd := h.orphan(); fd >= 0 {
-		n, err = unix.Pread(fd, dest, off)
-	} else {
-		n, err = h.node.buf.ReadAt(dest, off)
-	}
+	n, err := h.bfd.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, toErrno(h.node.fsys.log, "read", err)
 	}
@@ -101,13 +104,7 @@ func (h *directHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.R
 }
 
 func (h *directHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	var n int
-	var err error
-	if fd := h.orphan(); fd >= 0 {
-		n, err = unix.Pwrite(fd, data, off)
-	} else {
-		n, err = h.node.buf.WriteAt(data, off)
-	}
+	n, err := h.bfd.WriteAt(data, off)
 	if err != nil {
 		return uint32(n), toErrno(h.node.fsys.log, "write", err)
 	}

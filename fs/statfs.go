@@ -13,8 +13,10 @@ import (
 
 const statfsBlock = 4096
 
-// Statfs reports the pinning budget as the filesystem's size, so `df`
-// shows how much more can be registered, and max_buffers as its inodes.
+// Statfs reports the pinning budget as the filesystem's size and what the
+// store holds (or is charged, which is more while an operation is under
+// way) as used, so `df` shows how much more can be had; max_buffers is
+// its inodes, files unlinked but still open among those used.
 func (n *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	st := n.fsys.mgr.Stats()
 	opt := n.fsys.mgr.Options()
@@ -28,7 +30,7 @@ func (n *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno
 			total = uint64(si.Totalram) * uint64(si.Unit)
 		}
 	}
-	used := st.PinnedBytes
+	used := max(st.StoreUsed, st.ChargedBytes)
 	free := uint64(0)
 	if total > used {
 		free = total - used
@@ -43,8 +45,8 @@ func (n *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno
 		files = math.MaxUint32
 	}
 	out.Files = files
-	if files > uint64(st.Buffers) {
-		out.Ffree = files - uint64(st.Buffers)
+	if n := uint64(st.Buffers + st.Orphans); files > n {
+		out.Ffree = files - n
 	}
 	out.NameLen = 255
 	return 0

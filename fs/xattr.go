@@ -355,18 +355,28 @@ const xattrCreate = 1 // XATTR_CREATE
 
 // stats is user.mrfs.stats on the root.
 type stats struct {
-	Backend         string               `json:"backend"`
-	Device          string               `json:"device"`
-	ZeroCopy        bool                 `json:"zero_copy"`
-	Store           string               `json:"store"`
-	Buffers         int                  `json:"buffers"`
-	PDs             int                  `json:"pds"`
-	RegisteredBytes uint64               `json:"registered_bytes"`
-	PinnedBytes     uint64               `json:"pinned_bytes"`
-	StoreBytes      uint64               `json:"store_bytes"`
-	OpenFiles       int                  `json:"open_files"`
-	Limits          statsLimits          `json:"limits"`
-	Users           map[string]statsUser `json:"users"`
+	Backend         string `json:"backend"`
+	Device          string `json:"device"`
+	ZeroCopy        bool   `json:"zero_copy"`
+	Store           string `json:"store"`
+	Buffers         int    `json:"buffers"`
+	PDs             int    `json:"pds"`
+	RegisteredBytes uint64 `json:"registered_bytes"`
+	PinnedBytes     uint64 `json:"pinned_bytes"`
+	StoreBytes      uint64 `json:"store_bytes"`
+	// ChargedBytes is the store memory charged to owners (every page the
+	// store holds, charged before it exists), what max_pinned bounds;
+	// OpenUnlinked files are unlinked but still open, holding
+	// OpenUnlinkedBytes of it.
+	ChargedBytes      uint64 `json:"charged_bytes"`
+	OpenUnlinked      int    `json:"open_unlinked"`
+	OpenUnlinkedBytes uint64 `json:"open_unlinked_bytes"`
+	// Mappings are the daemon's memory mappings: each registered buffer
+	// is one, and vm.max_map_count (limits.max_map_count) bounds them.
+	Mappings  int                  `json:"mappings"`
+	OpenFiles int                  `json:"open_files"`
+	Limits    statsLimits          `json:"limits"`
+	Users     map[string]statsUser `json:"users"`
 	// PID is the daemon's process: `mrfs umount` waits for it to exit
 	// where the kernel's fdinfo does not name a FUSE connection's server.
 	PID int `json:"pid"`
@@ -380,11 +390,13 @@ type statsLimits struct {
 	MaxMRSize        uint64 `json:"max_mr_size"`
 	Memlock          uint64 `json:"memlock"`
 	OpenFiles        int    `json:"open_files"`
+	MaxMapCount      int    `json:"max_map_count"`
 }
 
 type statsUser struct {
-	Buffers     int    `json:"buffers"`
-	PinnedBytes uint64 `json:"pinned_bytes"`
+	Buffers      int    `json:"buffers"`
+	PinnedBytes  uint64 `json:"pinned_bytes"`
+	ChargedBytes uint64 `json:"charged_bytes"`
 }
 
 func (fsys *filesystem) statsJSON() []byte {
@@ -393,23 +405,27 @@ func (fsys *filesystem) statsJSON() []byte {
 	attr := fsys.mgr.Device().Attr()
 	users := make(map[string]statsUser, len(st.Users))
 	for uid, u := range st.Users {
-		users[strconv.FormatUint(uint64(uid), 10)] = statsUser{Buffers: u.Buffers, PinnedBytes: u.PinnedBytes}
+		users[strconv.FormatUint(uint64(uid), 10)] = statsUser{Buffers: u.Buffers, PinnedBytes: u.PinnedBytes, ChargedBytes: u.Charged}
 	}
 	maxMRSize := attr.MaxMRSize
 	if maxMRSize == ^uint64(0) {
 		maxMRSize = 0 // unlimited
 	}
 	b, err := json.Marshal(stats{
-		Backend:         fsys.Backend,
-		Device:          fsys.mgr.Device().Name(),
-		ZeroCopy:        fsys.ZeroCopy,
-		Store:           st.Store,
-		Buffers:         st.Buffers,
-		PDs:             st.PDs,
-		RegisteredBytes: st.RegisteredBytes,
-		PinnedBytes:     st.PinnedBytes,
-		StoreBytes:      st.StoreUsed,
-		OpenFiles:       st.OpenFds,
+		Backend:           fsys.Backend,
+		Device:            fsys.mgr.Device().Name(),
+		ZeroCopy:          fsys.ZeroCopy,
+		Store:             st.Store,
+		Buffers:           st.Buffers,
+		PDs:               st.PDs,
+		RegisteredBytes:   st.RegisteredBytes,
+		PinnedBytes:       st.PinnedBytes,
+		StoreBytes:        st.StoreUsed,
+		ChargedBytes:      st.ChargedBytes,
+		OpenUnlinked:      st.Orphans,
+		OpenUnlinkedBytes: st.OrphanBytes,
+		Mappings:          st.Maps,
+		OpenFiles:         st.OpenFds,
 		Limits: statsLimits{
 			MaxBuffers:       opt.MaxBuffers,
 			MaxPinned:        opt.MaxPinned,
@@ -418,6 +434,7 @@ func (fsys *filesystem) statsJSON() []byte {
 			MaxMRSize:        maxMRSize,
 			Memlock:          verbs.MemlockLimit(),
 			OpenFiles:        st.MaxOpenFds,
+			MaxMapCount:      st.MaxMaps,
 		},
 		Users: users,
 		PID:   os.Getpid(),

@@ -135,11 +135,16 @@ var (
 	descUserPinned  = prometheus.NewDesc("mrfs_user_pinned_bytes", "Bytes pinned for the buffers a uid owns.", []string{"uid"}, nil)
 	descStore       = prometheus.NewDesc("mrfs_store_bytes", "Bytes of memory the backing store's files hold.", []string{"store"}, nil)
 	descOpen        = prometheus.NewDesc("mrfs_open_files", "Clients' open descriptors of buffers.", nil, nil)
-	descLimit       = prometheus.NewDesc("mrfs_limit", "Configured limits (0: none): bytes for max_pinned and max_pinned_per_user, counts for max_buffers and open_files.", []string{"limit"}, nil)
+	descCharged     = prometheus.NewDesc("mrfs_charged_bytes", "Store memory charged to owners: what max_pinned bounds.", nil, nil)
+	descUserCharged = prometheus.NewDesc("mrfs_user_charged_bytes", "Store memory charged to a uid: what max_pinned_per_user bounds.", []string{"uid"}, nil)
+	descUnlinked    = prometheus.NewDesc("mrfs_open_unlinked_files", "Files unlinked while clients still hold them open: their memory is charged until released.", nil, nil)
+	descMappings    = prometheus.NewDesc("mrfs_mappings", "The daemon's memory mappings (each registered buffer is one), against vm.max_map_count.", nil, nil)
+	descLimit       = prometheus.NewDesc("mrfs_limit", "Configured limits (0: none): bytes for max_pinned and max_pinned_per_user, counts for max_buffers, open_files and max_map_count.", []string{"limit"}, nil)
 )
 
 func (s *state) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBuffers, descPDs, descRegistered, descPinned, descUserBuffers, descUserPinned, descStore, descOpen, descLimit} {
+	for _, d := range []*prometheus.Desc{descBuffers, descPDs, descRegistered, descPinned, descUserBuffers, descUserPinned, descStore, descOpen, descLimit,
+		descCharged, descUserCharged, descUnlinked, descMappings} {
 		ch <- d
 	}
 }
@@ -158,11 +163,16 @@ func (s *state) Collect(ch chan<- prometheus.Metric) {
 		id := strconv.FormatUint(uint64(uid), 10)
 		gauge(descUserBuffers, float64(u.Buffers), id)
 		gauge(descUserPinned, float64(u.PinnedBytes), id)
+		gauge(descUserCharged, float64(u.Charged), id)
 	}
+	gauge(descCharged, float64(st.ChargedBytes))
+	gauge(descUnlinked, float64(st.Orphans))
+	gauge(descMappings, float64(st.Maps))
 	gauge(descStore, float64(st.StoreUsed), st.Store)
 	gauge(descOpen, float64(st.OpenFds))
 	gauge(descLimit, float64(opt.MaxPinned), "max_pinned")
 	gauge(descLimit, float64(opt.MaxPinnedPerUser), "max_pinned_per_user")
 	gauge(descLimit, float64(opt.MaxBuffers), "max_buffers")
 	gauge(descLimit, float64(st.MaxOpenFds), "open_files")
+	gauge(descLimit, float64(st.MaxMaps), "max_map_count")
 }

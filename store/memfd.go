@@ -13,14 +13,16 @@ type memfd struct{}
 
 // NewMemfd is the degraded store: a memfd per file, with no limit of its
 // own. It needs no privilege.
-func NewMemfd() Store { return memfd{} }
+func NewMemfd() Store { return &memfd{} }
 
-func (memfd) Kind() string                        { return "memfd" }
-func (memfd) Usage() (used, size uint64, ok bool) { return 0, 0, false }
-func (memfd) Close() error                        { return nil }
-func (memfd) String() string                      { return "memfds" }
+func (*memfd) Kind() string                        { return "memfd" }
+func (*memfd) Usage() (used, size uint64, ok bool) { return 0, 0, false }
+func (*memfd) Grain() (uint64, bool)               { return pageSize, false }
+func (*memfd) String() string                      { return "memfds" }
 
-func (memfd) Create(id uint64) (File, error) {
+func (*memfd) Close() error { return nil }
+
+func (*memfd) Create(id uint64) (File, error) {
 	fd, err := unix.MemfdCreate("mrfs:"+strconv.FormatUint(id, 10), unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -89,6 +91,14 @@ func (f *memfdFile) ReadAt(p []byte, off int64) (n int, err error) {
 func (f *memfdFile) WriteAt(p []byte, off int64) (n int, err error) {
 	err = f.with(func(fd int) error {
 		n, err = pwriteFd(fd, p, off)
+		return err
+	})
+	return n, err
+}
+
+func (f *memfdFile) Holes(from, to uint64) (n uint64, err error) {
+	err = f.with(func(fd int) error {
+		n, err = HolesFd(fd, from, to)
 		return err
 	})
 	return n, err

@@ -19,6 +19,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -38,6 +39,13 @@ type Store interface {
 	// Usage is the bytes of memory the store's files hold and its size
 	// limit; ok is false for a store that has no limit of its own.
 	Usage() (used, size uint64, ok bool)
+	// Grain is the most memory one page of a file may take: the page
+	// size, or the huge page size where pages may be huge. A huge page
+	// fills its whole aligned block: one made to fill a range may take
+	// memory on either side of it, up to the end of file and past it
+	// (pastEnd, huge=always), or only below max(end of file, end of the
+	// range) (huge=within_size).
+	Grain() (size uint64, pastEnd bool)
 	// Close releases the store. Files still mapped or open elsewhere keep
 	// their memory until released there.
 	Close() error
@@ -60,6 +68,9 @@ type File interface {
 	// ReadAt and WriteAt are pread and pwrite.
 	ReadAt(p []byte, off int64) (int, error)
 	WriteAt(p []byte, off int64) (int, error)
+	// Holes is the bytes of [from, to) that hold no memory, in whole
+	// pages, past the end of file too: what filling the range would add.
+	Holes(from, to uint64) (uint64, error)
 	// Remove takes the file out of the store: descriptors and mappings
 	// made before keep its memory until they go. Later calls fail.
 	Remove() error
@@ -116,6 +127,69 @@ func pwriteFd(fd int, p []byte, off int64) (int, error) {
 		return n, fmt.Errorf("pwrite at %d: %w", off, err)
 	}
 	return n, nil
+}
+
+// HolesFd counts the bytes of [from, to) of fd, a store file, that hold
+// no memory, in whole pages (see File.Holes): cachestat (Linux 6.5)
+// counts the pages the file holds in the range, past its end too (where
+// fallocate with FALLOC_FL_KEEP_SIZE leaves pages that SEEK_DATA does
+// not see, and that mincore calls absent until touched). Without it,
+// SEEK_DATA and SEEK_HOLE count below the end, and every page past it
+// counts as a hole: more than the truth, never less.
+func HolesFd(fd int, from, to uint64) (uint64, error) {
+	from, to = from&^(pageSize-1), PageRound(to)
+	if from >= to {
+		return 0, nil
+	}
+	held, err := cachestat(fd, from, to)
+	if err == nil {
+		return to - from - min(held, to-from), nil
+	}
+	if !errors.Is(err, syscall.ENOSYS) {
+		return 0, err
+	}
+	size, _, err := statFd(fd)
+	if err != nil {
+		return 0, err
+	}
+	return seekHoles(fd, from, to, size)
+}
+
+// cachestat is the bytes of memory the file holds in [from, to): in its
+// page cache, or (shmem) in swap.
+func cachestat(fd int, from, to uint64) (uint64, error) {
+	rng := struct{ off, len uint64 }{from, to - from}
+	var cs struct{ cache, dirty, writeback, evicted, recentlyEvicted uint64 }
+	_, _, errno := unix.Syscall6(unix.SYS_CACHESTAT, uintptr(fd), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
+	if errno != 0 {
+		return 0, fmt.Errorf("cachestat: %w", errno)
+	}
+	return (cs.cache + cs.evicted) * pageSize, nil
+}
+
+// seekHoles counts the holes of [from, to) with lseek: every page past
+// size is one.
+func seekHoles(fd int, from, to, size uint64) (uint64, error) {
+	var holes uint64
+	for off := from; off < to; {
+		if off >= size {
+			return holes + to - off, nil
+		}
+		data, err := unix.Seek(fd, int64(off), unix.SEEK_DATA)
+		if err == syscall.ENXIO || err == nil && uint64(data) >= to {
+			return holes + to - off, nil // no data up to the end
+		}
+		if err != nil {
+			return 0, fmt.Errorf("lseek SEEK_DATA at %d: %w", off, err)
+		}
+		holes += uint64(data)&^(pageSize-1) - off
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, fmt.Errorf("lseek SEEK_HOLE at %d: %w", data, err)
+		}
+		off = PageRound(uint64(hole))
+	}
+	return holes, nil
 }
 
 // errRemoved answers calls on a file taken out of the store.

@@ -109,6 +109,59 @@ func TestFileLifecycle(t *testing.T) {
 	}
 }
 
+// Holes counts what filling a range would add, in pages; Grain is what
+// one page may take.
+func TestHolesAndGrain(t *testing.T) {
+	for name, mk := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			s := mk(t, TmpfsOptions{Size: 16 << 20, Huge: "never"})
+			if g, pastEnd := s.Grain(); g != 4096 || pastEnd {
+				t.Errorf("Grain %d, %v without huge pages, want 4096", g, pastEnd)
+			}
+			f, _ := s.Create(1)
+			f.Truncate(10 * 4096)
+			f.WriteAt([]byte{1}, 2*4096+5)
+			f.WriteAt([]byte{1}, 7*4096)
+			check := func(from, to, want uint64) {
+				t.Helper()
+				if got, err := f.Holes(from, to); err != nil || got != want {
+					t.Errorf("Holes(%d, %d) = %d, %v; want %d", from, to, got, err, want)
+				}
+			}
+			for _, c := range []struct{ from, to, want uint64 }{
+				{0, 10 * 4096, 8 * 4096},
+				{2 * 4096, 3 * 4096, 0},
+				{2*4096 + 100, 3*4096 - 1, 0}, // within the page that holds data
+				{0, 4096 + 1, 2 * 4096},       // a partial page counts whole
+				{3 * 4096, 7 * 4096, 4 * 4096},
+				{8 * 4096, 10 * 4096, 2 * 4096},
+				{10 * 4096, 16 * 4096, 6 * 4096}, // past the end: nothing there yet
+			} {
+				check(c.from, c.to, c.want)
+			}
+			// Pages past the end (fallocate with KEEP_SIZE) are seen too.
+			if err := f.Allocate(unix.FALLOC_FL_KEEP_SIZE, 12*4096, 2*4096); err != nil {
+				t.Fatal(err)
+			}
+			check(10*4096, 16*4096, 4*4096)
+			check(0, 16*4096, 12*4096)
+			check(12*4096, 14*4096, 0)
+		})
+	}
+	if os.Geteuid() == 0 {
+		for huge, pastEnd := range map[string]bool{"always": true, "within_size": false} {
+			s, err := NewTmpfs(TmpfsOptions{Size: 16 << 20, Huge: huge})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, p := s.Grain(); g != hugeSize() || p != pastEnd {
+				t.Errorf("Grain %d, %v with huge=%s, want %d, %v", g, p, huge, hugeSize(), pastEnd)
+			}
+			s.Close()
+		}
+	}
+}
+
 // The instance's size bounds what files hold, at the call that would
 // pass it; a sparse size does not count.
 func TestTmpfsBounds(t *testing.T) {

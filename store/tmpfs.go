@@ -98,6 +98,20 @@ func (s *tmpfs) Usage() (used, size uint64, ok bool) {
 	return (st.Blocks - st.Bfree) * bs, st.Blocks * bs, s.opt.Size > 0
 }
 
+// Grain: with huge=within_size a fallocate may make huge pages of the
+// blocks below the end of file or of its range, and with huge=always of
+// any block it touches; with huge=advise, only a mapping that asked for
+// them faults them in (none of the daemon's does).
+func (s *tmpfs) Grain() (uint64, bool) {
+	switch s.opt.Huge {
+	case "always":
+		return hugeSize(), true
+	case "within_size":
+		return hugeSize(), false
+	}
+	return pageSize, false
+}
+
 func (s *tmpfs) Close() error {
 	if s.closed.Swap(true) {
 		return nil
@@ -176,6 +190,14 @@ func (f *tmpfsFile) ReadAt(p []byte, off int64) (n int, err error) {
 func (f *tmpfsFile) WriteAt(p []byte, off int64) (n int, err error) {
 	err = f.with(func(fd int) error {
 		n, err = pwriteFd(fd, p, off)
+		return err
+	})
+	return n, err
+}
+
+func (f *tmpfsFile) Holes(from, to uint64) (n uint64, err error) {
+	err = f.with(func(fd int) error {
+		n, err = HolesFd(fd, from, to)
 		return err
 	})
 	return n, err

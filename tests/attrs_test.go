@@ -124,11 +124,13 @@ type statsLimits struct {
 	MaxMRSize        uint64 `json:"max_mr_size"`
 	Memlock          uint64 `json:"memlock"`
 	OpenFiles        uint64 `json:"open_files"`
+	MaxMapCount      int64  `json:"max_map_count"`
 }
 
 type statsUser struct {
-	Buffers     int64 `json:"buffers"`
-	PinnedBytes int64 `json:"pinned_bytes"`
+	Buffers      int64 `json:"buffers"`
+	PinnedBytes  int64 `json:"pinned_bytes"`
+	ChargedBytes int64 `json:"charged_bytes"`
 }
 
 type mrfsStats struct {
@@ -140,6 +142,9 @@ type mrfsStats struct {
 	PinnedBytes     int64                `json:"pinned_bytes"`
 	Store           string               `json:"store"`
 	StoreBytes      int64                `json:"store_bytes"`
+	ChargedBytes    int64                `json:"charged_bytes"`
+	OpenUnlinked    int64                `json:"open_unlinked"`
+	Mappings        int64                `json:"mappings"`
 	OpenFiles       int64                `json:"open_files"`
 	Limits          statsLimits          `json:"limits"`
 	Users           map[string]statsUser `json:"users"`

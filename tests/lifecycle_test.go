@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"mrfs/internal/bytesize"
 )
 
 // populate creates registered buffers in the root and a sub-PD.
@@ -209,6 +211,21 @@ func TestStatusTable(t *testing.T) {
 		if !lines[want] {
 			t.Errorf("mrfs status lacks the row %q:\n%s", want, out)
 		}
+	}
+	// The totals: what the store holds and who is charged, the limits,
+	// and the mappings left under vm.max_map_count.
+	s := readStats(t, d.mnt)
+	for _, want := range []string{
+		fmt.Sprintf("memory: the store holds %s, %s charged to owners", bytesize.Format(uint64(s.StoreBytes)), bytesize.Format(uint64(s.ChargedBytes))),
+		fmt.Sprintf("by owner: uid 0 %s (3 buffers)", bytesize.Format(uint64(s.ChargedBytes))),
+		fmt.Sprintf("mappings: %d of vm.max_map_count %d", s.Mappings, s.Limits.MaxMapCount),
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("mrfs status lacks %q:\n%s", want, out)
+		}
+	}
+	if s.ChargedBytes != 4<<20+64<<10 || s.Limits.MaxMapCount == 0 {
+		t.Errorf("stats: %+v", s)
 	}
 	_, _, err := run(t, mrfsBin, "status", t.TempDir())
 	if err == nil {

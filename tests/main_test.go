@@ -49,6 +49,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(churnEnv) != "" {
+		os.Exit(churnWorker()) // a user of TestSharedMountChurn
+	}
 	switch {
 	case os.Geteuid() != 0:
 		skipReason = "mrfs end-to-end tests need root (FUSE mount, pagemap PFNs)"

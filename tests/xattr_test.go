@@ -323,9 +323,15 @@ func TestStatsJSON(t *testing.T) {
 	if s0.PDs < 1 {
 		t.Errorf("stats pds = %d, want >= 1 (the root is a PD)", s0.PDs)
 	}
-	// max_pinned defaults to 50% of the memory the daemon may use.
-	if total := memTotal(t); s0.Limits.MaxBuffers != 65536 || s0.Limits.MaxPinned == 0 || s0.Limits.MaxPinned > total/2 {
-		t.Errorf("default limits = %+v, want max_buffers 65536, max_pinned at most half of MemTotal %d", s0.Limits, total)
+	// max_pinned defaults to 50% of the memory the daemon may use;
+	// max_buffers to 65536, or what vm.max_map_count leaves the daemon
+	// when less (each registered buffer is one mapping).
+	if total := memTotal(t); s0.Limits.MaxBuffers > 65536 || s0.Limits.MaxBuffers < 1024 || s0.Limits.MaxPinned == 0 || s0.Limits.MaxPinned > total/2 {
+		t.Errorf("default limits = %+v, want max_buffers at most 65536, max_pinned at most half of MemTotal %d", s0.Limits, total)
+	}
+	if mmc := readInt(t, "/proc/sys/vm/max_map_count"); s0.Limits.MaxMapCount != mmc || s0.Mappings <= 0 ||
+		int64(s0.Limits.MaxBuffers)+s0.Mappings > mmc {
+		t.Errorf("max_buffers %d with %d mappings: past vm.max_map_count %d (stats say %d)", s0.Limits.MaxBuffers, s0.Mappings, mmc, s0.Limits.MaxMapCount)
 	}
 	if s0.Limits.MaxMR == 0 {
 		t.Errorf("limits max_mr = 0; the device reports a max_mr")
@@ -388,7 +394,8 @@ func TestStatsLimitsFromConfig(t *testing.T) {
 		t.Fatalf("test setup: the daemon (CapEff %s) lacks root's CAP_IPC_LOCK", capEff)
 	}
 	s := readStats(t, d.mnt)
-	want := statsLimits{MaxBuffers: 7, MaxPinned: 3 << 20, MaxPinnedPerUser: 1 << 20, MaxMR: maxMR, Memlock: 0, OpenFiles: s.Limits.OpenFiles}
+	want := statsLimits{MaxBuffers: 7, MaxPinned: 3 << 20, MaxPinnedPerUser: 1 << 20, MaxMR: maxMR, Memlock: 0, OpenFiles: s.Limits.OpenFiles,
+		MaxMapCount: readInt(t, "/proc/sys/vm/max_map_count")}
 	if s.Limits != want {
 		t.Errorf("limits = %+v, want %+v", s.Limits, want)
 	}

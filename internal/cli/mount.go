@@ -77,6 +77,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	defaultMaxBuffers(&cfg.Buffers, log)
 	st, budget, err := openStore(cfg.Buffers, log)
 	if err != nil {
 		dev.Close()
@@ -206,6 +207,21 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	}
 	log.Info("teardown complete", freedAttrs(freed)...)
 	return nil
+}
+
+// defaultMaxBuffers lowers buffers.max_buffers' default to what
+// vm.max_map_count lets the daemon map: each registered buffer is one
+// mapping, and a daemon out of mappings cannot grow its own heap. A value
+// the config sets stays; the mapping limit is admitted anyway.
+func defaultMaxBuffers(b *config.Buffers, log *slog.Logger) {
+	if b.MaxBuffers != config.Default().Buffers.MaxBuffers {
+		return
+	}
+	if n, ok := buffer.MapHeadroom(); ok && n < b.MaxBuffers {
+		log.Info("max_buffers lowered from its default to what vm.max_map_count leaves the daemon (each registered buffer is one mapping)",
+			"max_buffers", n, "default", b.MaxBuffers)
+		b.MaxBuffers = n
+	}
 }
 
 // freedAttrs are the log attributes of what Manager.Close freed.

@@ -9,6 +9,7 @@ import (
 	iofs "io/fs"
 	"mrfs/internal/bytesize"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -26,12 +27,22 @@ type rootStats struct {
 	PDs             int    `json:"pds"`
 	RegisteredBytes uint64 `json:"registered_bytes"`
 	PinnedBytes     uint64 `json:"pinned_bytes"`
+	StoreBytes      uint64 `json:"store_bytes"`
+	ChargedBytes    uint64 `json:"charged_bytes"`
+	OpenUnlinked    int    `json:"open_unlinked"`
+	Mappings        int    `json:"mappings"`
 	Limits          struct {
-		MaxBuffers uint64 `json:"max_buffers"`
-		MaxPinned  uint64 `json:"max_pinned"`
-		MaxMR      uint64 `json:"max_mr"`
-		Memlock    uint64 `json:"memlock"`
+		MaxBuffers       uint64 `json:"max_buffers"`
+		MaxPinned        uint64 `json:"max_pinned"`
+		MaxPinnedPerUser uint64 `json:"max_pinned_per_user"`
+		MaxMR            uint64 `json:"max_mr"`
+		Memlock          uint64 `json:"memlock"`
+		MaxMapCount      int    `json:"max_map_count"`
 	} `json:"limits"`
+	Users map[string]struct {
+		Buffers      int    `json:"buffers"`
+		ChargedBytes uint64 `json:"charged_bytes"`
+	} `json:"users"`
 }
 
 // cmdStatus prints the buffers of a mount, read from its xattrs alone:
@@ -93,9 +104,32 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "totals: %s in %s, %s registered, %s pinned\n",
 		plural(st.Buffers, "buffer"), plural(st.PDs, "PD"), bytesize.Format(st.RegisteredBytes), bytesize.Format(st.PinnedBytes))
+	open := ""
+	if st.OpenUnlinked > 0 {
+		open = fmt.Sprintf(", %s unlinked but open", plural(st.OpenUnlinked, "file"))
+	}
+	fmt.Fprintf(stdout, "memory: the store holds %s, %s charged to owners%s\n", bytesize.Format(st.StoreBytes), bytesize.Format(st.ChargedBytes), open)
+	if len(st.Users) > 0 {
+		uids := make([]string, 0, len(st.Users))
+		for uid := range st.Users {
+			uids = append(uids, uid)
+		}
+		sort.Slice(uids, func(i, j int) bool {
+			return len(uids[i]) < len(uids[j]) || len(uids[i]) == len(uids[j]) && uids[i] < uids[j]
+		})
+		var us []string
+		for _, uid := range uids {
+			u := st.Users[uid]
+			us = append(us, fmt.Sprintf("uid %s %s (%s)", uid, bytesize.Format(u.ChargedBytes), plural(u.Buffers, "buffer")))
+		}
+		fmt.Fprintf(stdout, "by owner: %s\n", strings.Join(us, ", "))
+	}
 	l := st.Limits
-	fmt.Fprintf(stdout, "limits: max_buffers %s, max_pinned %s, max_mr %s, RLIMIT_MEMLOCK %s\n",
-		limit(l.MaxBuffers, false), limit(l.MaxPinned, true), limit(l.MaxMR, false), limit(l.Memlock, true))
+	fmt.Fprintf(stdout, "limits: max_buffers %s, max_pinned %s, max_pinned_per_user %s, max_mr %s, RLIMIT_MEMLOCK %s\n",
+		limit(l.MaxBuffers, false), limit(l.MaxPinned, true), limit(l.MaxPinnedPerUser, true), limit(l.MaxMR, false), limit(l.Memlock, true))
+	if l.MaxMapCount > 0 {
+		fmt.Fprintf(stdout, "mappings: %d of vm.max_map_count %d (each registered buffer is one)\n", st.Mappings, l.MaxMapCount)
+	}
 	return nil
 }
 

@@ -1,0 +1,339 @@
+package buffer_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/buffer"
+	"mrfs/internal/sysmem"
+	"mrfs/store"
+	"mrfs/verbs"
+	"mrfs/verbs/soft"
+)
+
+// needTmpfs skips where the private tmpfs store cannot be made: its own
+// accounting (statfs) is what these tests hold the manager's against.
+func needTmpfs(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
+	}
+}
+
+// held requires that the store holds what is charged, and returns it.
+func held(t *testing.T, e *env) uint64 {
+	t.Helper()
+	st := e.m.Stats()
+	var users uint64
+	for _, u := range st.Users {
+		users += u.Charged
+	}
+	if st.StoreUsed != st.ChargedBytes || users != st.ChargedBytes {
+		t.Fatalf("the store holds %d, %d is charged (%d to users: %+v)", st.StoreUsed, st.ChargedBytes, users, st.Users)
+	}
+	return st.ChargedBytes
+}
+
+// fallocate with FALLOC_FL_KEEP_SIZE adds memory past the end without a
+// size change: charged first, EDQUOT past the quota, and nothing added
+// then; only the pages not there yet count.
+func TestFallocateKeepSizeCharged(t *testing.T) {
+	needTmpfs(t)
+	e := setup(t, buffer.Options{MaxPinned: 64 * page, MaxPinnedPerUser: 16 * page}, 0)
+	b, err := e.m.Create(e.d, page, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep := uint32(unix.FALLOC_FL_KEEP_SIZE)
+	errnoIs(t, b.Allocate(context.Background(), 0, 100*page, keep), syscall.EDQUOT)
+	if got := held(t, e); got != page || b.Info().Size != page {
+		t.Fatalf("after a refused fallocate: %d held, size %d", got, b.Info().Size)
+	}
+	if err := b.Allocate(context.Background(), 0, 10*page, keep); err != nil {
+		t.Fatal(err)
+	}
+	if got := held(t, e); got != 10*page || b.Charged() != 10*page || b.Info().Size != page {
+		t.Fatalf("10 pages fallocated past a 1-page file: %d held, %d charged, size %d", got, b.Charged(), b.Info().Size)
+	}
+	// [5, 16) pages: 10 there, 6 new: exactly the quota.
+	if err := b.Allocate(context.Background(), 5*page, 11*page, keep); err != nil {
+		t.Fatalf("a range partly held, up to the quota: %v", err)
+	}
+	errnoIs(t, b.Allocate(context.Background(), 16*page, page, keep), syscall.EDQUOT)
+	// Without KEEP_SIZE the file grows and is registered whole.
+	if err := b.Allocate(context.Background(), 0, 16*page, 0); err != nil {
+		t.Fatalf("growing over pages that are all there: %v", err)
+	}
+	check(t, e, b, 16*page, buffer.Registered)
+	if got := held(t, e); got != 16*page {
+		t.Fatalf("held %d", got)
+	}
+}
+
+// An unlinked file a client holds open keeps its memory and its charge
+// until the client's last descriptor closes; then both go at once. One
+// nobody holds goes at its Free.
+func TestOrphanCharged(t *testing.T) {
+	needTmpfs(t)
+	e := setup(t, buffer.Options{MaxPinned: 64 * page, MaxPinnedPerUser: 8 * page}, 0)
+	a, err := e.m.Create(e.d, 4*page, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := a.Open(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(); err != nil {
+		t.Fatal(err)
+	}
+	st := e.m.Stats()
+	if st.Orphans != 1 || st.OrphanBytes != 4*page || st.Buffers != 0 || st.Users[7].Charged != 4*page || st.Users[7].Orphaned != 4*page {
+		t.Fatalf("with the unlinked file open: %+v", st)
+	}
+	held(t, e)
+	// It counts against the quota, and calls through the descriptor are
+	// admitted and charged like any.
+	_, err = e.m.Create(e.d, 6*page, 7)
+	errnoIs(t, err, syscall.EDQUOT)
+	errnoIs(t, fd.Allocate(context.Background(), 0, 9*page, 0), syscall.EDQUOT)
+	if err := fd.Allocate(context.Background(), 0, 6*page, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := held(t, e); got != 6*page {
+		t.Fatalf("held %d after fallocate of the unlinked file", got)
+	}
+	if err := fd.Truncate(context.Background(), 2*page); err != nil {
+		t.Fatal(err)
+	}
+	if got := held(t, e); got != 2*page {
+		t.Fatalf("held %d after ftruncate of the unlinked file", got)
+	}
+	// chown moves its charge.
+	if err := a.SetOwner(8); err != nil {
+		t.Fatalf("chown of an unlinked file: %v", err)
+	}
+	if st := e.m.Stats(); st.Users[8].Charged != 2*page || st.Users[8].Orphaned != 2*page || st.Users[7] != (buffer.UserStats{}) {
+		t.Fatalf("after chown: %+v", st.Users)
+	}
+	fd.Close()
+	if st := e.m.Stats(); st.Orphans != 0 || st.ChargedBytes != 0 || st.StoreUsed != 0 || len(st.Users) != 0 {
+		t.Fatalf("after the last close: %+v", st)
+	}
+	// Nobody holds it: its memory goes at Free.
+	b := e.create(t, 3*page)
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.m.Stats(); st.StoreUsed != 0 || st.ChargedBytes != 0 || st.Orphans != 0 {
+		t.Fatalf("after Free of a file nobody held: %+v", st)
+	}
+}
+
+// A refusal that an orphan's release would lift waits for it (the
+// kernel's RELEASE comes after a client's close returns), and no longer.
+func TestAdmissionWaitsForRelease(t *testing.T) {
+	needTmpfs(t)
+	e := setup(t, buffer.Options{MaxPinned: 8 * page}, 0)
+	a := e.create(t, 6*page)
+	fd, err := a.Open(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(); err != nil {
+		t.Fatal(err)
+	}
+	b := e.create(t, 0)
+	done := make(chan error)
+	go func() { done <- b.Resize(context.Background(), 4*page) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Resize did not wait for the unlinked file's release: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	fd.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Resize once the unlinked file was released: %v", err)
+	}
+	// Without a release coming, the refusal comes.
+	c := e.create(t, 0)
+	errnoIs(t, c.Resize(context.Background(), 8*page), syscall.ENOSPC)
+}
+
+// Admission is one step: concurrent registrations that each fit what the
+// machine has left, but not together, are never all admitted.
+func TestAdmissionAtomic(t *testing.T) {
+	needTmpfs(t)
+	var st store.Store
+	// MemAvailable as the kernel would say it: less what the store holds.
+	base := uint64(buffer.MemReserve + 5*page/2)
+	mem := func() (sysmem.Memory, error) {
+		used, _, _ := st.Usage()
+		return sysmem.Memory{Total: 1 << 40, Available: base - min(base, used)}, nil
+	}
+	e := setup(t, buffer.Options{Memory: mem}, 0)
+	st = e.m.Options().Store
+	const n = 16
+	bufs := make([]*buffer.Buffer, n)
+	for i := range bufs {
+		bufs[i] = e.create(t, 0)
+	}
+	var wg sync.WaitGroup
+	var ok atomic.Int32
+	start := make(chan struct{})
+	for _, b := range bufs {
+		wg.Go(func() {
+			<-start
+			err := b.Resize(context.Background(), page)
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case !strings.Contains(err.Error(), "MemAvailable"):
+				t.Errorf("Resize: %v", err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := ok.Load(); got != 2 {
+		t.Fatalf("%d registrations of a page admitted with two and a half pages left", got)
+	}
+}
+
+// Pages a client wrote through its own descriptor, unseen, fill the store:
+// admission looks for them before it refuses, charges them to their
+// owner, and so names the budget (not a mystery in the store).
+func TestUnseenWritesCharged(t *testing.T) {
+	needTmpfs(t)
+	e := setup(t, buffer.Options{MaxPinned: 8 * page}, 0)
+	a := e.create(t, 2*page)
+	z, err := e.m.Create(e.d, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := outside(t, z)
+	if _, err := f.WriteAt(make([]byte, 5*page), 0); err != nil {
+		t.Fatal(err)
+	}
+	if z.Charged() != 0 {
+		t.Fatal("charged before the daemon looked")
+	}
+	err = a.Resize(context.Background(), 4*page)
+	errnoIs(t, err, syscall.ENOSPC)
+	if !strings.Contains(err.Error(), "max_pinned") || z.Charged() != 5*page {
+		t.Fatalf("refusal %v; z charged %d", err, z.Charged())
+	}
+	if st := e.m.Stats(); st.Users[5].Charged != 5*page {
+		t.Fatalf("users %+v", st.Users)
+	}
+}
+
+// The daemon's mappings are admitted: one past vm.max_map_count's room is
+// ENOSPC naming it, and a freed buffer gives its mapping back.
+func TestMapCountAdmitted(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	st := e.m.Stats()
+	if st.MaxMaps == 0 {
+		t.Skip("vm.max_map_count is not readable here")
+	}
+	e.m.SetMapRoom(3)
+	var bufs []*buffer.Buffer
+	for range 3 {
+		bufs = append(bufs, e.create(t, page))
+	}
+	b := e.create(t, 0)
+	err := b.Resize(context.Background(), page)
+	errnoIs(t, err, syscall.ENOSPC)
+	if !strings.Contains(err.Error(), "vm.max_map_count") || !strings.Contains(e.log.String(), "sysctl vm.max_map_count=") {
+		t.Fatalf("the limit is not named: %v\n%s", err, e.log.String())
+	}
+	check(t, e, b, 0, buffer.Empty)
+	if err := bufs[0].Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Resize(context.Background(), page); err != nil {
+		t.Fatalf("once a mapping was given back: %v", err)
+	}
+	if got := e.m.Stats().Maps; got != st.Maps+3 {
+		t.Fatalf("%d mappings counted, want %d", got, st.Maps+3)
+	}
+}
+
+// A device's protection domains are admitted too: past max_pd, ENOSPC
+// naming it (not the device's EINVAL).
+func TestMaxPD(t *testing.T) {
+	dev, err := soft.New(soft.Options{}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	log := &logBuf{}
+	m := buffer.NewManager(&spy{Device: dev, t: t, maxPD: 3}, buffer.Options{Allowed: allowed}, slog.New(slog.NewTextHandler(log, nil)))
+	defer m.Close()
+	var ds []*buffer.Domain
+	for range 3 {
+		d, err := m.NewDomain(verbs.LocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	_, err = m.NewDomain(verbs.LocalWrite)
+	errnoIs(t, err, syscall.ENOSPC)
+	if !strings.Contains(err.Error(), "max_pd (3)") || !strings.Contains(log.String(), "max_pd") {
+		t.Fatalf("max_pd not named: %v", err)
+	}
+	if err := ds[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.NewDomain(verbs.LocalWrite); err != nil {
+		t.Fatalf("once a PD went: %v", err)
+	}
+}
+
+// A small registration is not worth failing for an interrupt (Go programs
+// get one at every preemption signal); a big one stops (see
+// TestInterruptedResize).
+func TestSmallResizeIgnoresInterrupt(t *testing.T) {
+	e := setup(t, buffer.Options{PopulateThreshold: 64 * page}, 0)
+	b := e.create(t, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.Resize(ctx, 8*page); err != nil {
+		t.Fatalf("a small Resize with its request interrupted: %v", err)
+	}
+	check(t, e, b, 8*page, buffer.Registered)
+}
+
+// With huge pages a fallocate may make a large page around the range it
+// fills (tmpfs huge=within_size: any aligned block below the end of the
+// file or the range): admission counts the whole block, so nothing can
+// pass the quota whatever the kernel makes.
+func TestFallocateHugeCharged(t *testing.T) {
+	needTmpfs(t)
+	s, err := store.NewTmpfs(store.TmpfsOptions{Size: 64 << 20, Huge: "within_size"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	e := setup(t, buffer.Options{Store: s, MaxPinned: 64 << 20, MaxPinnedPerUser: 5 << 19}, 0) // 2.5 MiB
+	b := e.create(t, 0)
+	keep := uint32(unix.FALLOC_FL_KEEP_SIZE)
+	// [1, 3) MiB: the block [0, 2) MiB lies below the range's end.
+	errnoIs(t, b.Allocate(context.Background(), 1<<20, 2<<20, keep), syscall.EDQUOT)
+	if err := b.Allocate(context.Background(), 2<<20, 1<<19, keep); err != nil {
+		t.Fatal(err)
+	}
+	if got := held(t, e); got > 5<<19 {
+		t.Fatalf("the store holds %d for the file, past the quota", got)
+	}
+}

@@ -1,0 +1,400 @@
+package buffer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/internal/bytesize"
+)
+
+// Every page the store holds is someone's: a buffer's charge is the store
+// memory its owner pays for, against max_pinned_per_user and against the
+// budget (max_pinned). An operation that may add pages first charges what
+// it may add (admit, in limits.go), as one step with every check; once
+// done, settle sets the charge to what the file really holds. Pages the
+// daemon does not see being made (a client's write past the end through a
+// zero-copy open, bounded by the store's own size) are charged when it
+// next looks at the file: at every getattr, getxattr, flush and release,
+// and before admission refuses because the store is fuller than charged.
+//
+// An unlinked file that a client still holds open or mapped keeps its
+// pages, and its charge, until the last of its descriptors closes (a
+// mapping keeps one open): then no client can reach the file, and the
+// daemon frees its memory itself (truncates it) before it drops the
+// charge. The kernel would free it later: go-fuse unregisters the
+// passthrough backing file after the last RELEASE, and inotify reports
+// an eviction before the pages are gone.
+
+// settleLocked ends an operation on b: its charge becomes held, the bytes
+// its file holds now (unless known is false: the file could not be looked
+// at, and the charge stays), and the memory the operation reserved is no
+// longer in flight. Callers hold b.mu.
+func (b *Buffer) settleLocked(held uint64, known bool) {
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if known {
+		m.setChargeLocked(b, held)
+	}
+	m.inflight -= b.reserved
+	b.reserved = 0
+}
+
+// settleFileLocked is settleLocked with the file's own count. Callers
+// hold b.mu.
+func (b *Buffer) settleFileLocked() {
+	var held uint64
+	err := errFreed
+	if b.f != nil {
+		_, held, err = b.f.Stat()
+	}
+	b.settleLocked(held, err == nil)
+}
+
+// setChargeLocked moves b's charge, and its owner's and the total, to n.
+// Callers hold m.mu (and b.mu, or b is an orphan nobody operates on).
+func (m *Manager) setChargeLocked(b *Buffer, n uint64) {
+	old := b.charge.Load()
+	u := m.user(b.owner)
+	u.Charged = u.Charged - old + n
+	m.charged = m.charged - old + n
+	if b.orphan {
+		u.Orphaned = u.Orphaned - old + n
+		m.orphaned = m.orphaned - old + n
+	}
+	b.charge.Store(n)
+	m.unuse(b.owner)
+}
+
+// Charged is the store memory charged to b's owner for it: what its file
+// held when the daemon last looked, or what an operation in progress may
+// make it hold.
+func (b *Buffer) Charged() uint64 { return b.charge.Load() }
+
+// orphanLocked makes b, being freed while clients still have it open, an
+// orphan: its memory stays charged until the last descriptor closes.
+// Callers hold b.mu and m.mu.
+func (m *Manager) orphanLocked(b *Buffer) {
+	b.orphan = true
+	m.orphans++
+	m.orphaned += b.charge.Load()
+	m.user(b.owner).Orphaned += b.charge.Load()
+}
+
+// releasedLocked drops the charge of an orphan whose memory is gone, and
+// wakes admissions waiting for memory. Callers hold m.mu.
+func (m *Manager) releasedLocked(b *Buffer) {
+	m.setChargeLocked(b, 0)
+	b.orphan = false
+	m.orphans--
+	m.memAt = time.Time{} // memory was freed: read MemAvailable afresh
+	close(m.releases)
+	m.releases = make(chan struct{})
+}
+
+// Fd is a client's descriptor of a buffer's file (the daemon keeps none
+// per buffer). It stays valid after Free: a client that had the file open
+// keeps its memory, and the calls of this type act on it then as they do
+// on any unlinked file, charged to the owner as before.
+type Fd struct {
+	N        int
+	b        *Buffer
+	writable bool
+	once     sync.Once
+}
+
+// Open gives a client's open its own descriptor of the file, counted
+// against what RLIMIT_NOFILE leaves clients: past it EMFILE, logged as
+// that limit, and nothing else is touched. writable says the client may
+// write (its writes past the end are looked for when the store is
+// fuller than charged). ENOENT once freed.
+func (b *Buffer) Open(writable bool) (*Fd, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.gone != nil {
+		return nil, fmt.Errorf("open: %w", b.gone)
+	}
+	m := b.m
+	m.mu.Lock()
+	if m.openFds >= m.maxOpenFds {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("open: %w", m.classifyFd(fmt.Errorf("%d clients' descriptors open: %w", m.maxOpenFds, syscall.EMFILE)))
+	}
+	m.openFds++
+	m.mu.Unlock()
+	fd, err := b.f.Open()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		m.openFds--
+		return nil, fmt.Errorf("open: %w", m.classifyFd(err))
+	}
+	b.opens++
+	if writable {
+		b.writers++
+		m.writers[b] = struct{}{}
+	}
+	return &Fd{N: fd, b: b, writable: writable}, nil
+}
+
+// Close closes the descriptor (once). The last descriptor of an unlinked
+// file frees its memory first: no client can reach it any more.
+func (f *Fd) Close() {
+	f.once.Do(func() {
+		b, m := f.b, f.b.m
+		m.mu.Lock()
+		m.openFds--
+		b.opens--
+		if f.writable {
+			if b.writers--; b.writers == 0 {
+				delete(m.writers, b)
+			}
+		}
+		last := b.orphan && b.opens == 0
+		m.mu.Unlock()
+		if last {
+			if err := unix.Ftruncate(f.N, 0); err != nil {
+				m.log.Error("freeing the memory of an unlinked file", "err", err)
+			}
+		}
+		unix.Close(f.N)
+		if last {
+			m.mu.Lock()
+			m.releasedLocked(b)
+			m.mu.Unlock()
+		}
+	})
+}
+
+// orphaned runs op on b under b.mu when b was freed (an unlinked file
+// still open through f); it returns false, with nothing done, while b
+// lives.
+func (f *Fd) orphaned(op func() error) (bool, error) {
+	b := f.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gone == nil {
+		return false, nil
+	}
+	if !errors.Is(b.gone, errFreed) {
+		return true, b.gone // the manager closed
+	}
+	return true, op()
+}
+
+// live runs op, a call on the buffer, unless the buffer was freed before
+// or meanwhile: then orphan runs instead.
+func (f *Fd) live(op func() error, orphan func() error) error {
+	if done, err := f.orphaned(orphan); done {
+		return err
+	}
+	err := op()
+	if errors.Is(err, errFreed) {
+		if done, oerr := f.orphaned(orphan); done {
+			return oerr
+		}
+	}
+	return err
+}
+
+// stat is the descriptor's file size and memory held.
+func (f *Fd) stat() (size, held uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(f.N, &st); err != nil {
+		return 0, 0, fmt.Errorf("fstat: %w", err)
+	}
+	return uint64(st.Size), uint64(st.Blocks) * 512, nil
+}
+
+// Size is the file's size as this descriptor sees it.
+func (f *Fd) Size() (uint64, error) {
+	size, _, err := f.stat()
+	return size, err
+}
+
+// Truncate is ftruncate through this open: Resize while the buffer
+// lives; afterwards the unlinked file's own size changes (nothing is
+// registered: a larger size is sparse and adds no memory).
+func (f *Fd) Truncate(ctx context.Context, size uint64) error {
+	return f.live(func() error { return f.b.Resize(ctx, size) }, func() error {
+		defer f.settleLocked()
+		if err := unix.Ftruncate(f.N, int64(size)); err != nil {
+			return fmt.Errorf("ftruncate an unlinked file to %s: %w", bytesize.Format(size), err)
+		}
+		return nil
+	})
+}
+
+// Allocate is fallocate through this open: the buffer's Allocate while it
+// lives; afterwards the pages it may add are admitted and charged to the
+// owner first, as for any buffer.
+func (f *Fd) Allocate(ctx context.Context, off, length uint64, mode uint32) error {
+	return f.live(func() error { return f.b.Allocate(ctx, off, length, mode) }, func() error {
+		defer f.settleLocked()
+		if mode&unix.FALLOC_FL_PUNCH_HOLE == 0 {
+			size, held, err := f.stat()
+			if err != nil {
+				return err
+			}
+			add, err := f.b.allocAdds(holesOf(f.N), size, off, length)
+			if err != nil {
+				return err
+			}
+			if err := f.b.m.admit(f.b, held, add, true); err != nil {
+				return fmt.Errorf("fallocate an unlinked file: %w", err)
+			}
+		}
+		if err := unix.Fallocate(f.N, mode, int64(off), int64(length)); err != nil {
+			return fmt.Errorf("fallocate an unlinked file: %w", err)
+		}
+		return nil
+	})
+}
+
+// ReadAt is pread through this open.
+func (f *Fd) ReadAt(p []byte, off int64) (int, error) {
+	var n int
+	err := f.live(func() (err error) {
+		n, err = f.b.ReadAt(p, off)
+		return err
+	}, func() (err error) {
+		n, err = unix.Pread(f.N, p, off)
+		if err != nil {
+			return fmt.Errorf("pread an unlinked file: %w", err)
+		}
+		return nil
+	})
+	return n, err
+}
+
+// WriteAt is pwrite through this open (degraded mode: direct I/O): the
+// buffer's WriteAt while it lives; afterwards the pages the write may add
+// are admitted and charged first.
+func (f *Fd) WriteAt(p []byte, off int64) (int, error) {
+	var n int
+	err := f.live(func() (err error) {
+		n, err = f.b.WriteAt(p, off)
+		return err
+	}, func() error {
+		if off < 0 {
+			return fmt.Errorf("write at %d: %w", off, syscall.EINVAL)
+		}
+		defer f.settleLocked()
+		size, held, err := f.stat()
+		if err != nil {
+			return err
+		}
+		add, err := f.b.allocAdds(holesOf(f.N), size, uint64(off), uint64(len(p)))
+		if err != nil {
+			return err
+		}
+		if err := f.b.m.admit(f.b, held, add, true); err != nil {
+			return fmt.Errorf("write to an unlinked file: %w", err)
+		}
+		if n, err = unix.Pwrite(f.N, p, off); err != nil {
+			return fmt.Errorf("pwrite an unlinked file: %w", err)
+		}
+		return nil
+	})
+	return n, err
+}
+
+// Seek is lseek through this open (SEEK_DATA and SEEK_HOLE come to the
+// daemon).
+func (f *Fd) Seek(off int64, whence int) (int64, error) {
+	return unix.Seek(f.N, off, whence)
+}
+
+// Sync learns what the file holds: the buffer's Sync while it lives
+// (which re-registers a size a client changed); afterwards the unlinked
+// file's charge follows what the client wrote.
+func (f *Fd) Sync() error {
+	return f.live(f.b.Sync, func() error {
+		f.settleLocked()
+		return nil
+	})
+}
+
+// settleLocked charges the owner of an unlinked file what it holds.
+// Callers hold b.mu.
+func (f *Fd) settleLocked() {
+	_, held, err := f.stat()
+	f.b.settleLocked(held, err == nil)
+}
+
+// SetOwner charges the buffer to uid from now on (chown, also of an
+// unlinked file still open): its charge moves to uid, whose quota must
+// hold it (EDQUOT), as do its registered bytes. On failure nothing
+// changes.
+func (b *Buffer) SetOwner(uid uint32) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gone != nil && !b.orphanNow() {
+		return fmt.Errorf("chown: %w", b.gone)
+	}
+	if uid == b.owner {
+		return nil
+	}
+	n := b.regs.length()
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	charge := b.charge.Load()
+	if q := m.opt.MaxPinnedPerUser; q > 0 && charge > 0 && m.user(uid).Charged+charge > q {
+		held := m.users[uid].Charged
+		m.unuse(uid)
+		return fmt.Errorf("chown to uid %d: %w", uid, m.refuseLocked(limitPerUser, syscall.EDQUOT,
+			fmt.Sprintf("max_pinned_per_user (%s) of uid %d reached", bytesize.Format(q), uid),
+			fmt.Sprintf("cannot give uid %d a buffer of %s: it holds %s of its max_pinned_per_user (%s)", uid, bytesize.Format(charge), bytesize.Format(held), bytesize.Format(q)),
+			"value", q, "uid", uid))
+	}
+	m.setChargeLocked(b, 0)
+	m.pinLocked(b.owner, n, 0)
+	if !b.orphan {
+		m.user(b.owner).Buffers--
+		m.user(uid).Buffers++
+	}
+	m.unuse(b.owner)
+	b.owner = uid
+	m.setChargeLocked(b, charge)
+	m.pinLocked(uid, 0, n)
+	return nil
+}
+
+// orphanNow says whether b is an unlinked file still open. Callers hold
+// b.mu.
+func (b *Buffer) orphanNow() bool {
+	b.m.mu.Lock()
+	defer b.m.mu.Unlock()
+	return b.orphan
+}
+
+// chargeUnseen charges, to their owners, what clients wrote through
+// zero-copy opens since the daemon last looked: the buffers with writable
+// opens other than skip, each looked at unless busy (a registration holds
+// it, or skip's caller could be waiting on it: never wait here).
+func (m *Manager) chargeUnseen(skip *Buffer) {
+	m.mu.Lock()
+	ws := make([]*Buffer, 0, len(m.writers))
+	for b := range m.writers {
+		if b != skip {
+			ws = append(ws, b)
+		}
+	}
+	m.mu.Unlock()
+	for _, b := range ws {
+		if !b.mu.TryLock() {
+			continue
+		}
+		if b.gone == nil {
+			b.settleFileLocked()
+		}
+		b.mu.Unlock()
+	}
+}

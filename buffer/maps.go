@@ -1,0 +1,176 @@
+package buffer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"mrfs/store"
+)
+
+// Each registered buffer is one memory mapping of the daemon, and the
+// kernel allows a process vm.max_map_count of them (65530 by default).
+// Past it every mmap fails, the Go runtime's own included: a daemon that
+// maps buffers up to the limit dies ("runtime: out of memory") with every
+// registration in it. So mappings are admitted like memory: a buffer that
+// would leave the daemon fewer than a reserve of mappings for the runtime
+// and its own needs is refused with ENOSPC, naming vm.max_map_count.
+//
+// The daemon counts its buffers' mappings itself. What else the process
+// maps (heap arenas, thread stacks, libraries) is counted from
+// /proc/self/maps now and then, streaming through a buffer made once, so
+// that counting needs no memory at the edge; never at each mapping.
+type mapCount struct {
+	limit      int       // vm.max_map_count (0: unknown, no check)
+	own        int       // buffers' mappings the manager holds
+	other      int       // the process's other mappings at the last count
+	since      int       // own mappings made since that count
+	countedAt  time.Time // when
+	counting   bool      // a count is under way (it uses buf)
+	buf        []byte
+	reserveMin int // test hook: the reserve when not 0
+}
+
+const (
+	// mapRecount: the other mappings are counted again after this many
+	// buffer mappings, as the runtime grows with the daemon.
+	mapRecount = 4096
+	// mapNearEvery: within twice the reserve of the limit, they are
+	// counted (and vm.max_map_count read) at most this often.
+	mapNearEvery = time.Second
+)
+
+func (c *mapCount) init() {
+	c.buf = make([]byte, 64<<10)
+	c.limit = maxMapCount()
+	if n, err := countMaps(c.buf); err == nil {
+		c.other, c.countedAt = n, now()
+	}
+}
+
+// reserve is what the daemon leaves the runtime: 1/64 of the limit (1023
+// of the default 65530), at least 256.
+func (c *mapCount) reserve() int {
+	if c.reserveMin > 0 {
+		return c.reserveMin
+	}
+	return max(c.limit/64, 256)
+}
+
+func (c *mapCount) usedLocked() int { return c.own + c.other }
+
+// headroom is how many more buffers may be mapped.
+func (c *mapCount) headroom() int {
+	if c.limit == 0 {
+		return 1 << 30
+	}
+	return max(c.limit-c.reserve()-c.own-c.other, 0)
+}
+
+func (c *mapCount) due(t time.Time) bool {
+	if c.counting {
+		return false
+	}
+	return c.since >= mapRecount || c.headroom() < c.reserve() && t.Sub(c.countedAt) >= mapNearEvery
+}
+
+// mapFile maps the first n bytes of f for a buffer, if the mapping limit
+// allows one more (ENOSPC naming vm.max_map_count otherwise).
+func (m *Manager) mapFile(f store.File, n uint64) (mapping, error) {
+	m.mu.Lock()
+	if m.maps.due(now()) {
+		m.maps.counting = true
+		own := m.maps.own
+		m.mu.Unlock()
+		total, err := countMaps(m.maps.buf)
+		limit := maxMapCount()
+		m.mu.Lock()
+		m.maps.counting = false
+		if err == nil {
+			m.maps.other, m.maps.since, m.maps.countedAt = max(total-own, 0), 0, now()
+		}
+		if limit > 0 {
+			m.maps.limit = limit
+		}
+	}
+	if m.maps.headroom() == 0 {
+		defer m.mu.Unlock()
+		c := &m.maps
+		return mapping{}, m.refuseLocked(limitMaxMapCount, syscall.ENOSPC,
+			fmt.Sprintf("vm.max_map_count (%d) reached", c.limit),
+			fmt.Sprintf("cannot map a buffer: the daemon has %d mappings, %d of them buffers, and keeps %d of vm.max_map_count (%d) for itself; each registered buffer is one mapping: raise it with `sysctl vm.max_map_count=%d`, or hold fewer buffers",
+				c.usedLocked(), c.own, c.reserve(), c.limit, 2*c.limit),
+			"value", c.limit, "mappings", c.usedLocked())
+	}
+	m.maps.own++
+	m.maps.since++
+	m.mu.Unlock()
+	p, err := f.Map(n)
+	if err != nil {
+		m.mu.Lock()
+		m.maps.own--
+		m.mu.Unlock()
+		return mapping{}, m.classifyFd(err)
+	}
+	return mapping{base: p, len: pageRound(n)}, nil
+}
+
+// unmap drops a buffer's mapping and its count.
+func (m *Manager) unmap(mp *mapping) {
+	if mp.base == nil {
+		return
+	}
+	if err := mp.unmap(); err != nil {
+		m.log.Error("leaking a buffer mapping", "err", err)
+		*mp = mapping{}
+		return // it still counts: it is still there
+	}
+	m.mu.Lock()
+	m.maps.own--
+	m.mu.Unlock()
+}
+
+// MapHeadroom is how many buffers the daemon could map now, with what the
+// process maps already and the reserve it keeps: what max_buffers' default
+// must not exceed. ok is false when vm.max_map_count cannot be read.
+func MapHeadroom() (n int, ok bool) {
+	var c mapCount
+	c.init()
+	return c.headroom(), c.limit > 0
+}
+
+func maxMapCount() int {
+	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+// countMaps counts the process's mappings (the lines of /proc/self/maps)
+// through buf, allocating nothing.
+func countMaps(buf []byte) (int, error) {
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n := 0
+	for {
+		k, err := f.Read(buf)
+		n += bytes.Count(buf[:k], []byte{'\n'})
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}

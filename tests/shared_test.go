@@ -1,0 +1,173 @@
+package tests
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestNoStallDuringRegistration: while a 1 GiB registration holds a
+// buffer (a truncate, slowed per chunk by the test hook) and an rm of
+// that buffer waits for it, every other name of the mount answers: ls of
+// another directory and stat of names there complete while both still
+// run. (Before, unlink held the namespace lock while it waited, and stat
+// took as long as the registration: 11.4 s for 3 GiB.)
+func TestNoStallDuringRegistration(t *testing.T) {
+	t.Parallel()
+	const size = 1 << 30
+	d := startDaemon(t, daemonConfig{Buffers: "populate_threshold = \"16MiB\"\npopulate_workers = 2", Env: []string{"MRFS_TEST_CHUNK_DELAY=100ms"}})
+	for _, dir := range []string{"a", "b"} {
+		if err := os.Mkdir(d.path(dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20 {
+		makeBuffer(t, d.path("b", strconv.Itoa(i)), 4096)
+	}
+	big := d.path("a", "big")
+	makeBuffer(t, big, 0)
+	truncate := exec.Command("truncate", "-s", strconv.Itoa(size), big)
+	truncated := started(t, truncate)
+	waitRegistering(t, big, size, truncated)
+	rm := exec.Command("rm", big)
+	removed := started(t, rm)
+	// rm is in the daemon's unlink now, waiting for the registration.
+	time.Sleep(200 * time.Millisecond)
+
+	running := func() bool {
+		select {
+		case <-removed:
+			return false
+		case <-truncated:
+			return false
+		default:
+			return true
+		}
+	}
+	if !running() {
+		t.Fatal("the truncate or the rm ended before the lookups began: the registration did not last")
+	}
+	answered, slowest := 0, time.Duration(0)
+	for i := 0; running(); i++ {
+		start := time.Now()
+		ents, err := os.ReadDir(d.path("b"))
+		if err != nil || len(ents) != 20 {
+			t.Fatalf("ls b: %d entries, %v", len(ents), err)
+		}
+		if _, err := os.Stat(d.path("b", "new"+strconv.Itoa(i))); !os.IsNotExist(err) {
+			t.Fatalf("stat of a name that is not there: %v", err)
+		}
+		if _, err := os.Stat(d.path("b", strconv.Itoa(i%20))); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if running() {
+			answered++
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%d rounds of ls and stat answered while the registration and the rm ran; the slowest took %v", answered, slowest)
+	if answered < 3 {
+		t.Errorf("only %d rounds of ls and stat of another directory answered while a registration and an rm waiting for it ran: the namespace stalls", answered)
+	}
+	<-removed
+	<-truncated
+	if !rm.ProcessState.Success() {
+		t.Errorf("rm: %v", rm.ProcessState)
+	}
+	if _, err := os.Stat(big); !os.IsNotExist(err) {
+		t.Errorf("big after rm: %v", err)
+	}
+	requireHeld(t, d, "after rm")
+}
+
+// TestMapCountLimit: on the kernel's default vm.max_map_count (never
+// lowered here: it is the machine's), creating 4 KiB buffers (one mapping
+// each) until refused ends in ENOSPC that names vm.max_map_count, its
+// value and the fix, before the daemon runs out of mappings for itself:
+// the daemon lives, every earlier buffer is intact, and status shows the
+// mappings. max_buffers is set past the limit so that it is the one hit.
+// (Before, the daemon aborted with "runtime: out of memory".)
+func TestMapCountLimit(t *testing.T) {
+	t.Parallel()
+	limit := readInt(t, "/proc/sys/vm/max_map_count")
+	if limit > 1<<20 {
+		t.Skipf("vm.max_map_count is %d on this machine: too many buffers to reach it in a test", limit)
+	}
+	d := startDaemon(t, daemonConfig{Buffers: fmt.Sprintf("max_buffers = %d\nmax_pinned = \"2GiB\"", 2*limit), Quiet: true, Hang: 5 * time.Minute})
+	dir := d.path("many")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var refused error
+	for ; n < int(2*limit); n++ {
+		fd, err := unix.Open(filepath.Join(dir, strconv.Itoa(n)), unix.O_CREAT|unix.O_RDWR, 0o600)
+		if err != nil {
+			refused = fmt.Errorf("create: %w", err)
+			break
+		}
+		err = unix.Ftruncate(fd, 4096)
+		unix.Close(fd)
+		if err != nil {
+			refused = fmt.Errorf("ftruncate: %w", err)
+			break
+		}
+	}
+	t.Logf("%d buffers of 4 KiB before the refusal: %v", n, refused)
+	if refused == nil || !strings.Contains(refused.Error(), "ftruncate") {
+		t.Fatalf("after %d buffers: %v; want the registration (ftruncate) refused", n, refused)
+	}
+	wantErrno(t, refused, unix.ENOSPC, "the registration past vm.max_map_count")
+	if d.exited() {
+		t.Fatalf("the daemon died:\n%s", tail(d.stderr.String(), 30))
+	}
+	if line, ok := d.waitLog(regexp.MustCompile(`vm\.max_map_count \(`+strconv.FormatInt(limit, 10)+`\).*sysctl vm\.max_map_count=`), 5*time.Second); !ok {
+		t.Errorf("the log does not name vm.max_map_count, its value and the fix")
+	} else {
+		t.Logf("log: %s", line)
+	}
+	s := readStats(t, d.mnt)
+	if s.Limits.MaxMapCount != limit || s.Mappings > limit || s.Mappings < int64(n) {
+		t.Errorf("stats: %d mappings of %d, for %d buffers", s.Mappings, s.Limits.MaxMapCount, n)
+	}
+	if s.RegisteredBytes != int64(n)*4096 || s.Buffers != int64(n)+1 {
+		t.Errorf("stats: %d buffers, %d bytes registered; want %d registered buffers of 4 KiB (and the refused one, empty)", s.Buffers, s.RegisteredBytes, n)
+	}
+	// Every earlier buffer is intact: some are looked at one by one, and
+	// the first and the last take bytes and give them back.
+	for _, i := range append([]int{0, n - 1}, rand.Perm(n)[:200]...) {
+		f := filepath.Join(dir, strconv.Itoa(i))
+		if st := mustXattr(t, f, xState); st != "registered" {
+			t.Fatalf("buffer %d: state %q", i, st)
+		}
+	}
+	for _, i := range []int{0, n - 1} {
+		f := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.WriteFile(f, []byte("still here"), 0); err != nil {
+			t.Fatalf("write buffer %d: %v", i, err)
+		}
+		if b, err := os.ReadFile(f); err != nil || string(b) != "still here" {
+			t.Fatalf("read buffer %d: %q %v", i, b, err)
+		}
+	}
+	// Room again once buffers go.
+	for i := range 100 {
+		if err := os.Remove(filepath.Join(dir, strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Truncate(filepath.Join(dir, strconv.Itoa(n)), 4096); err != nil {
+		t.Errorf("a buffer once others were removed: %v", err)
+	}
+}
