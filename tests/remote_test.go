@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -502,23 +503,18 @@ func TestRemoteOffAndRmdir(t *testing.T) {
 	}
 }
 
-// TestRemoteTokens: every directory has its own read-only token, readable
-// only by users who may read the directory; a peer must present its
-// directory's to get a queue pair (EACCES otherwise, also with another
-// directory's), and a source that keeps presenting wrong ones is
-// refused for a while, even with the right one, with one warn line.
+// TestRemoteTokens: every directory has its own read-only token; a peer
+// must present its directory's to get a queue pair (EACCES otherwise,
+// also with another directory's), and a source that keeps presenting
+// wrong ones is refused for a while, even with the right one, with one
+// warn line.
 func TestRemoteTokens(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{
-		Mount:  "allow_other = true\numask = \"022\"",
+		Mount:  "umask = \"022\"",
 		Remote: fmt.Sprintf("listen = \"%s:0\"\nallow_from = %s\nmax_failures = 3\n", backend.host, backend.allowFrom),
 	})
 	peer := d.remotePeer(t)
-	for p := d.mnt; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if err := os.Mkdir(d.path("open"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -542,17 +538,7 @@ func TestRemoteTokens(t *testing.T) {
 		toks[dir] = v
 	}
 	wantErrno(t, setxattr(d.path("open"), xToken, "00112233445566778899aabbccddeeff"), unix.EPERM, "set user.mrfs.token")
-	asNobody := func(dir string) (string, error) {
-		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-			"getfattr", "--absolute-names", "--only-values", "-n", xToken, d.path(dir)).CombinedOutput()
-		return string(out), err
-	}
-	if out, err := asNobody("open"); err != nil || out != toks["open"] {
-		t.Errorf("another user reading the token of a 0755 directory: %v, %q", err, out)
-	}
-	if out, err := asNobody("closed"); err == nil || !strings.Contains(out, "Permission denied") {
-		t.Errorf("another user reading the token of a 0700 directory: %v, %q; want Permission denied", err, out)
-	}
+	// Who else may read a token: TestTokenReaders.
 
 	// The right token admits; a wrong one, or another directory's, is
 	// refused before any queue pair exists.
@@ -584,5 +570,80 @@ func TestRemoteTokens(t *testing.T) {
 		t.Errorf("no warn line naming the source:\n%s", tail(d.stderr.String(), 20))
 	} else if n := len(re.FindAllString(d.stderr.String(), -1)); n != 1 {
 		t.Errorf("%d warn lines, want 1 a minute: %s", n, line)
+	}
+}
+
+// TestTokenReaders: a PD's token is for those who may write its
+// directory, since a peer holding it may change the PD's buffers: with
+// allow_other, uid 65534 reading the token of the root (0755, the
+// mounting user's) or of another 0755 directory gets EACCES, and
+// listxattr does not name it (getfattr -d works without an error);
+// where 65534 may write, as the directory's owner, by its gid, or by a
+// supplementary group, it reads the token; root reads every one.
+func TestTokenReaders(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Mount: "allow_other = true"})
+	for p := d.mnt; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const supplementary = 4242
+	dirs := []struct {
+		name     string
+		uid, gid int
+		mode     os.FileMode
+		groups   string // setpriv's --groups for 65534, "" for none
+		readable bool
+	}{
+		{"", 0, 0, 0o755, "", false},
+		{"open", 0, 0, 0o755, "", false},
+		{"others-write", 0, 0, 0o757, "", true},
+		{"owned", 65534, 65534, 0o755, "", true},
+		{"owned-read-only", 65534, 0, 0o575, "", false}, // the owner is judged by its own bits
+		{"group", 0, 65534, 0o775, "", true},
+		{"group-read-only", 0, 65534, 0o755, "", false},
+		{"supplementary", 0, supplementary, 0o775, fmt.Sprint(supplementary), true},
+		{"not-a-member", 0, supplementary, 0o775, "", false},
+	}
+	for _, dir := range dirs {
+		p := d.path(dir.name)
+		if dir.name != "" {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chown(p, dir.uid, dir.gid); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, dir.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as := func(groups string, args ...string) (string, error) {
+		g := "--clear-groups"
+		if groups != "" {
+			g = "--groups=" + groups
+		}
+		out, err := exec.Command("setpriv", append([]string{"--reuid=" + nobody, "--regid=" + nobody, g, "--"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	for _, dir := range dirs {
+		p := d.path(dir.name)
+		tok := mustXattr(t, p, xToken) // root reads every token
+		if names, err := listxattr(p); err != nil || !slices.Contains(names, xToken) {
+			t.Errorf("root's listxattr of %q: %q, %v; want %s in it", dir.name, names, err, xToken)
+		}
+		out, err := as(dir.groups, "getfattr", "--absolute-names", "--only-values", "-n", xToken, p)
+		switch {
+		case dir.readable && (err != nil || out != tok):
+			t.Errorf("65534 reading the token of %q (%v, %d:%d, groups %q): %v, %q; want the token", dir.name, dir.mode, dir.uid, dir.gid, dir.groups, err, out)
+		case !dir.readable && (err == nil || !strings.Contains(out, "Permission denied") || strings.Contains(out, tok)):
+			t.Errorf("65534 reading the token of %q (%v, %d:%d, groups %q): %v, %q; want Permission denied", dir.name, dir.mode, dir.uid, dir.gid, dir.groups, err, out)
+		}
+		out, err = as(dir.groups, "getfattr", "--absolute-names", "-d", p)
+		if err != nil || !strings.Contains(out, xPD+"=") || strings.Contains(out, xToken) != dir.readable {
+			t.Errorf("65534's getfattr -d of %q (%v, %d:%d, groups %q): %v, %q; want %s listed %v, and no error", dir.name, dir.mode, dir.uid, dir.gid, dir.groups, err, out, xToken, dir.readable)
+		}
 	}
 }
