@@ -175,21 +175,22 @@ func TestRemoteShell(t *testing.T) {
 	defer unix.Munmap(m)
 
 	script := fmt.Sprintf(`
-f=%s; m=%s
+f=%s; m=%s; tf=%s
 set -- $(getfattr --only-values -n user.mrfs.remote $m); tr=$1 peer=$2
 tok=$(getfattr --only-values -n user.mrfs.token $m)
 addr=$(getfattr --only-values -n user.mrfs.addr $f)
 rkey=$(getfattr --only-values -n user.mrfs.rkey $f)
-printf 'hello from afar' | mrfs remote write --transport $tr --peer $peer --pd / --token $tok --addr $addr --rkey $rkey
+printf 'hello from afar' | MRFS_TOKEN=$tok mrfs remote write --transport $tr --peer $peer --pd / --addr $addr --rkey $rkey
 head -c 15 $f; echo
 printf 'written locally' | dd of=$f bs=1 seek=100 conv=notrunc status=none
-mrfs remote read --transport $tr --peer $peer --pd / --token $tok --addr $((addr + 100)) --rkey $rkey --length 15; echo
+echo $tok > $tf
+mrfs remote read --transport $tr --peer $peer --pd / --token-file $tf --addr $((addr + 100)) --rkey $rkey --length 15; echo
 # The directory where it is mounted here names the peer, transport and token.
 mrfs remote fadd --pd $m --addr $((addr + 1024)) --rkey $rkey --add 5
 mrfs remote fadd --pd $m --addr $((addr + 1024)) --rkey $rkey --add 0x10
 mrfs remote cas --pd $m --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 0xabc
 mrfs remote cas --pd $m --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 7
-`, rx, d.mnt)
+`, rx, d.mnt, filepath.Join(t.TempDir(), "token"))
 	out := mustSh(t, script)
 	want := "hello from afar\nwritten locally\n0x0\n0x5\n0x15\n0xabc\n"
 	if out != want {
@@ -555,8 +556,8 @@ func TestRemoteTokens(t *testing.T) {
 	}
 	// Two failures so far; the third, by the CLI, gets the source
 	// refused, even with the right token, and the log says so once.
-	if _, errOut, err := sh(t, remoteCLI(d, "read")+" --token "+toks["closed"]+" --addr 0 --rkey 0 --length 1"); exitCode(err) != 1 || !strings.Contains(errOut, "wrong token") {
-		t.Errorf("mrfs remote with a wrong --token: exit %d, %q; want 1 and wrong token", exitCode(err), errOut)
+	if _, errOut, err := sh(t, "MRFS_TOKEN="+toks["closed"]+" "+remoteCLI(d, "read")+" --addr 0 --rkey 0 --length 1"); exitCode(err) != 1 || !strings.Contains(errOut, "wrong token") {
+		t.Errorf("mrfs remote with a wrong MRFS_TOKEN: exit %d, %q; want 1 and wrong token", exitCode(err), errOut)
 	}
 	right, _ := remote.ParseToken(toks["open"])
 	if c, err := dialToken(peer, "/open", right); err == nil {
@@ -645,5 +646,86 @@ func TestTokenReaders(t *testing.T) {
 		if err != nil || !strings.Contains(out, xPD+"=") || strings.Contains(out, xToken) != dir.readable {
 			t.Errorf("65534's getfattr -d of %q (%v, %d:%d, groups %q): %v, %q; want %s listed %v, and no error", dir.name, dir.mode, dir.uid, dir.gid, dir.groups, err, out, xToken, dir.readable)
 		}
+	}
+}
+
+// fakePeer is a TCP listener that plays an mrfs daemon only as far as
+// reading the hello: it records each hello (where `mrfs remote` sent a
+// token, and which) and closes the connection.
+type fakePeer struct {
+	addr   string
+	hellos chan proto.Frame
+}
+
+func startFakePeer(t *testing.T) *fakePeer {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	p := &fakePeer{addr: l.Addr().String(), hellos: make(chan proto.Frame, 16)}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(cmdTimeout))
+				f, _ := proto.NewReader(c, 1<<20).Next()
+				p.hellos <- f // a connection without a hello counts too
+			}()
+		}
+	}()
+	return p
+}
+
+// hello is the next hello the fake peer got, or false when none came
+// within d.
+func (p *fakePeer) hello(d time.Duration) (proto.Frame, bool) {
+	select {
+	case f := <-p.hellos:
+		return f, true
+	case <-time.After(d):
+		return proto.Frame{}, false
+	}
+}
+
+// TestRemoteTokenSource: a directory mounted here gives `mrfs remote
+// --pd DIR` its own token only for the peer it names itself: with a
+// --peer or --transport naming another, the command is refused (exit
+// 2) and nothing is sent; with the directory's own peer, named or not,
+// it is served; a token the user gives (MRFS_TOKEN) goes where the user
+// says, and the directory's own is then not sent.
+func TestRemoteTokenSource(t *testing.T) {
+	t.Parallel()
+	d, peer := startRemote(t)
+	fake := startFakePeer(t)
+	addr, rkey := remoteBuf(t, d.path("b"), 4096, allRemote)
+	own := mustXattr(t, d.mnt, xToken)
+	keys := fmt.Sprintf(" --addr %d --rkey %d --length 4 --timeout 5s", addr, rkey)
+	other := map[string]string{"tcp": "rdma_cm", "rdma_cm": "tcp"}[backend.transport]
+	for _, extra := range []string{" --peer " + fake.addr, " --peer " + fake.addr + " --transport " + backend.transport, " --transport " + other} {
+		_, errOut, err := sh(t, remoteCLI(d, "read")+extra+keys)
+		if exitCode(err) != 2 || !strings.Contains(errOut, "its token goes only to the peer it names") || !strings.Contains(errOut, "MRFS_TOKEN") {
+			t.Errorf("mrfs remote --pd %s%s without a token: exit %d, %q; want exit 2, refused", d.mnt, extra, exitCode(err), errOut)
+		}
+	}
+	if h, ok := fake.hello(200 * time.Millisecond); ok {
+		t.Errorf("a directory's token went to a peer it does not name: hello for %q with token %x (the directory's is %s)", h.Path, h.Token, own)
+	}
+	for _, extra := range []string{"", " --peer " + peer, " --peer " + peer + " --transport " + backend.transport} {
+		if out, errOut, err := sh(t, remoteCLI(d, "read")+extra+keys); err != nil || out != "\x00\x00\x00\x00" {
+			t.Errorf("mrfs remote --pd %s%s: %v, %q, %q; want the buffer's 4 bytes", d.mnt, extra, err, out, errOut)
+		}
+	}
+	user := "0123456789abcdef0123456789abcdef"
+	if _, errOut, err := sh(t, "MRFS_TOKEN="+user+" "+remoteCLI(d, "read")+" --peer "+fake.addr+" --transport tcp"+keys); exitCode(err) != 1 {
+		t.Errorf("the user's token to a fake peer: exit %d, %q; want 1 (the fake answers nothing)", exitCode(err), errOut)
+	}
+	if h, ok := fake.hello(5 * time.Second); !ok || fmt.Sprintf("%x", h.Token) != user || h.Path != "/" {
+		t.Errorf("the user's token to a fake peer: hello %v for %q with token %x; want the user's token for /", ok, h.Path, h.Token)
 	}
 }
