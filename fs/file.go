@@ -14,8 +14,8 @@ import (
 )
 
 // bufferNode is the FUSE inode of a regular file: a registered buffer.
-// Its size is the memfd's, learned by buffer.Sync at getattr, getxattr,
-// flush and release.
+// Its size is its store file's, learned by buffer.Sync at getattr,
+// getxattr, flush and release.
 type bufferNode struct {
 	fusefs.Inode
 	fsys *filesystem
@@ -68,9 +68,9 @@ func (n *bufferNode) fillOrphanSize(f fusefs.FileHandle, out *fuse.Attr) {
 	}
 }
 
-// sync learns the memfd's size. A failure to re-register (a limit hit by
-// a write past EOF) is recorded in the buffer's state (user.mrfs.state);
-// only a writer's close is told of it (see flush).
+// sync learns the store file's size. A failure to re-register (a limit
+// hit by a write past EOF) is recorded in the buffer's state
+// (user.mrfs.state); only a writer's close is told of it (see flush).
 func (n *bufferNode) sync() error {
 	err := n.buf.Sync()
 	if err != nil {
