@@ -71,9 +71,9 @@ func (n *bufferNode) fillOrphanSize(f fusefs.FileHandle, out *fuse.Attr) {
 	}
 }
 
-// sync learns the store file's size. A failure to re-register (a limit hit by
-// a write past EOF) is recorded in the buffer's state (user.mrfs.state);
-// only a writer's close is told of it (see flush).
+// sync learns the store file's size. A failure to re-register (a limit
+// hit by a write past EOF) is recorded in the buffer's state
+// (user.mrfs.state); only a writer's close is told of it (see flush).
 func (n *bufferNode) sync() error {
 	err := n.buf.Sync()
 	if err != nil {

@@ -4,10 +4,12 @@
 // buffer lifecycle in package buffer, and errors become errnos in
 // errno.go.
 //
-// Opens of buffers are FUSE passthrough opens of the buffer's memfd, so
-// read, write and mmap go straight to the registered pages. In degraded
-// mode (Options.ZeroCopy false) every open is direct I/O through the
-// daemon instead, and mmap fails with ENODEV. The two are never mixed.
+// Opens of buffers are FUSE passthrough opens of the buffer's file in
+// the store (one file per buffer in the mount's private tmpfs instance;
+// a memfd only in the degraded mode without CAP_SYS_ADMIN), so read,
+// write and mmap go straight to the registered pages. In degraded mode
+// (Options.ZeroCopy false) every open is direct I/O through the daemon
+// instead, and mmap fails with ENODEV. The two are never mixed.
 package fs
 
 import (

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -213,10 +214,6 @@ func (n *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
 		}
 	case xattrRemote:
 		return []byte(n.remote()), 0
-	case xattrToken:
-		// Readable by whoever may read the directory: the kernel checks
-		// its mode first (default_permissions).
-		return []byte(n.dir.Domain().Token()), 0
 	}
 	return nil, syscall.ENODATA
 }
@@ -265,6 +262,15 @@ func (n *bufferNode) Getxattr(ctx context.Context, attr string, dest []byte) (ui
 }
 
 func (n *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if attr == xattrToken {
+		// The kernel checked that the caller may read the directory
+		// (default_permissions); the token needs more (tree.Dir.Token).
+		tok, err := n.dir.Token(caller(ctx))
+		if err != nil {
+			return 0, toErrno(n.fsys.log, "get token", err)
+		}
+		return getxattr(dest, []byte(tok))
+	}
 	v, errno := n.dirXattr(attr)
 	if errno != 0 {
 		return 0, errno
@@ -289,10 +295,16 @@ func (n *bufferNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscal
 }
 
 func (n *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	names := dirXattrs
 	if n.dir.IsRoot() {
-		return listxattr(dest, rootXattrs)
+		names = rootXattrs
 	}
-	return listxattr(dest, dirXattrs)
+	if _, err := n.dir.Token(caller(ctx)); err != nil {
+		// Not listed to whoever may not read it: getfattr -d then
+		// reads what it lists without an error.
+		names = slices.DeleteFunc(slices.Clone(names), func(x string) bool { return x == xattrToken })
+	}
+	return listxattr(dest, names)
 }
 
 // setxattrCheck gives the errno for setting a name that is not settable:

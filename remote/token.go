@@ -17,7 +17,9 @@ func ParseToken(s string) (Token, error) {
 	var t Token
 	b, err := hex.DecodeString(strings.TrimSpace(s))
 	if err != nil || len(b) != len(t) {
-		return t, fmt.Errorf("token %q is not %d hex digits (user.mrfs.token of the directory)", s, 2*len(t))
+		// Never the value: a token mistyped by one digit is still a
+		// secret.
+		return t, fmt.Errorf("the token is not %d hex digits (user.mrfs.token of the directory)", 2*len(t))
 	}
 	copy(t[:], b)
 	return t, nil

@@ -305,3 +305,75 @@ func TestFuseRequestLog(t *testing.T) {
 		}
 	}
 }
+
+// TestFuseRequestLogSecrets: the request log shows requests and the
+// sizes of their data, never the data: reading a directory's token, a
+// file's desc and listing them, and a setxattr whose value is a token,
+// leave no 8 hex digits of either token in the daemon's log, nor a
+// file's bytes written in degraded mode, while the GETXATTR, SETXATTR
+// and LISTXATTR requests themselves and the names they ask for are
+// logged.
+func TestFuseRequestLogSecrets(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Mount: "zero_copy = false", Log: "fuse_requests = true"})
+	dir, f := d.path("tenant"), d.path("tenant", "f")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f, []byte("file bytes, private"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustSetxattr(t, f, xAccess, "local_write,remote_read")
+	tok := mustXattr(t, dir, xToken)
+	mustXattr(t, f, xDesc)
+	if _, err := listxattr(dir); err != nil {
+		t.Fatal(err)
+	}
+	written := "fedcba9876543210fedcba9876543210"
+	wantErrno(t, setxattr(dir, xToken, written), unix.EPERM, "set "+xToken)
+	mustXattr(t, d.mnt, xPD) // the last request: its line comes after the others'
+	// The text log quotes msg, so go-fuse's quotes arrive as \".
+	quoted := func(name string) string { return `\\"` + regexp.QuoteMeta(name) + `\\"` }
+	marker := regexp.MustCompile(`rx [0-9]+: GETXATTR n1 .*` + quoted(xPD))
+	if _, ok := d.waitLog(marker, readyTimeout); !ok {
+		t.Fatalf("the request log lacks the last GETXATTR:\n%s", tail(d.stderr.String(), 20))
+	}
+	log := d.stderr.String()
+	for _, secret := range []string{tok, written} {
+		for i := 0; i+8 <= len(secret); i++ {
+			if strings.Contains(log, secret[i:i+8]) {
+				t.Errorf("the log holds %q of the token %s:\n%s", secret[i:i+8], secret, grepLines(log, secret[i:i+8]))
+				break
+			}
+		}
+	}
+	if strings.Contains(log, "file byt") || strings.Contains(log, "local_wr") {
+		t.Errorf("the log holds a file's bytes or an xattr's value:\n%s", grepLines(log, "file byt", "local_wr"))
+	}
+	for _, re := range []string{
+		`rx [0-9]+: GETXATTR n[0-9]+ .*` + quoted(xToken),
+		`rx [0-9]+: GETXATTR n[0-9]+ .*` + quoted(xDesc),
+		`rx [0-9]+: SETXATTR n[0-9]+ .*` + quoted(xToken) + ` 32b `,
+		`rx [0-9]+: LISTXATTR n[0-9]+ `,
+		`rx [0-9]+: WRITE n[0-9]+ .* 19b `,
+		`tx [0-9]+: +OK, +32b data" fuse=true`, // the token's reply, its size alone
+	} {
+		if !regexp.MustCompile(re).MatchString(log) {
+			t.Errorf("the request log lacks %s:\n%s", re, tail(log, 40))
+		}
+	}
+}
+
+// grepLines is the lines of log that hold any of subs.
+func grepLines(log string, subs ...string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		for _, s := range subs {
+			if strings.Contains(l, s) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}

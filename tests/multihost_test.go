@@ -128,8 +128,9 @@ func TestMultiHost(t *testing.T) {
 	tok := mustXattr(t, db.mnt, xToken)
 	write := func(tok string) (string, error) {
 		argv := a.in(mrfsBin, "remote", "write", "--name", "hostb/shared", "--offset", "64",
-			"--token", tok, "--endpoints", e.url, "--prefix", "/mrfs-mh")
+			"--endpoints", e.url, "--prefix", "/mrfs-mh")
 		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append(os.Environ(), "MRFS_TOKEN="+tok)
 		cmd.Stdin = strings.NewReader("across hosts")
 		out, err := cmd.CombinedOutput()
 		return string(out), err

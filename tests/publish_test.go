@@ -232,7 +232,7 @@ func TestPublish(t *testing.T) {
 		}
 	}
 	tok := mustXattr(t, d.mnt, xToken)
-	mustSh(t, fmt.Sprintf("printf 'by name' | mrfs remote write --name '%s/a' --offset 100 --token %s %s", host, tok, etcd))
+	mustSh(t, fmt.Sprintf("printf 'by name' | MRFS_TOKEN=%s mrfs remote write --name '%s/a' --offset 100 %s", tok, host, etcd))
 	if b, err := os.ReadFile(a); err != nil || string(b[100:107]) != "by name" {
 		t.Errorf("the write by name did not land: %q, %v", b[100:107], err)
 	}
@@ -246,12 +246,12 @@ func TestPublish(t *testing.T) {
 			t.Fatalf("the new generation of %s was not published", a)
 		}
 	}
-	if _, errOut, err := sh(t, fmt.Sprintf("mrfs remote read --name '%s/a' --generation %s --length 1 --token %s %s", host, gen, tok, etcd)); exitCode(err) != 1 || !strings.Contains(errOut, "not "+gen) {
+	if _, errOut, err := sh(t, fmt.Sprintf("MRFS_TOKEN=%s mrfs remote read --name '%s/a' --generation %s --length 1 %s", tok, host, gen, etcd)); exitCode(err) != 1 || !strings.Contains(errOut, "not "+gen) {
 		t.Errorf("mrfs remote --generation %s after a re-registration: exit %d, %q; want exit 1, refused", gen, exitCode(err), errOut)
 	}
 	// A re-registration between its own lookup and the operation: refused.
-	cmd := exec.Command(mrfsBin, strings.Fields(fmt.Sprintf("remote read --name %s/a --length 1 --token %s %s", host, tok, etcd))...)
-	cmd.Env = append(os.Environ(), "MRFS_TEST_PAUSE_AFTER_LOOKUP=2s")
+	cmd := exec.Command(mrfsBin, strings.Fields(fmt.Sprintf("remote read --name %s/a --length 1 %s", host, etcd))...)
+	cmd.Env = append(os.Environ(), "MRFS_TEST_PAUSE_AFTER_LOOKUP=2s", "MRFS_TOKEN="+tok)
 	var lookupErr syncBuffer
 	cmd.Stderr = &lookupErr
 	exited := started(t, cmd)
@@ -304,4 +304,39 @@ func TestPublish(t *testing.T) {
 	k.stoppedByTest = true
 	k.kill()
 	e.waitKeys(prefix, 3*time.Second+3*time.Second)
+}
+
+// TestPublishTokenSource: a PD path found in etcd is the peer's, never a
+// directory here, so no local token goes to a published peer. A key
+// forged into etcd names a fake peer's listener and, as pd_path, the
+// root of a mount on this host: without --token-file or MRFS_TOKEN,
+// `mrfs remote --name` is refused (exit 2) and sends nothing; with
+// MRFS_TOKEN the hello carries that token and the path as published.
+func TestPublishTokenSource(t *testing.T) {
+	e := startEtcd(t)
+	d, _ := startRemote(t)
+	fake := startFakePeer(t)
+	value := fmt.Sprintf(`{"addr":"0x1000","regions":[{"addr":"0x1000","length":"4096","lkey":"0x100","rkey":"0x100"}],`+
+		`"generation":1,"host":"forged","listen":"tcp %s","pd_path":%q}`, fake.addr, d.mnt)
+	c := e.client()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Put(ctx, "/mrfs-forged/forged/b", value); err != nil {
+		t.Fatal(err)
+	}
+	cli := "mrfs remote read --name forged/b --length 4 --timeout 5s --endpoints " + e.url + " --prefix /mrfs-forged"
+	if _, errOut, err := sh(t, cli); exitCode(err) != 2 || !strings.Contains(errOut, "--name needs the PD's token from --token-file or MRFS_TOKEN") {
+		t.Errorf("--name without a token: exit %d, %q; want exit 2, refused", exitCode(err), errOut)
+	}
+	if h, ok := fake.hello(200 * time.Millisecond); ok {
+		t.Errorf("--name without a token sent a hello for %q with token %x (the local directory's is %s)", h.Path, h.Token, mustXattr(t, d.mnt, xToken))
+	}
+	user := "0123456789abcdef0123456789abcdef"
+	if _, errOut, err := sh(t, "MRFS_TOKEN="+user+" "+cli); exitCode(err) != 1 {
+		t.Errorf("--name with MRFS_TOKEN to the fake peer: exit %d, %q; want 1 (the fake answers nothing)", exitCode(err), errOut)
+	}
+	if h, ok := fake.hello(5 * time.Second); !ok || fmt.Sprintf("%x", h.Token) != user || h.Path != d.mnt {
+		t.Errorf("--name with MRFS_TOKEN: hello %v for %q with token %x; want the user's token for %q, as published", ok, h.Path, h.Token, d.mnt)
+	}
 }

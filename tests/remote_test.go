@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,21 +175,22 @@ func TestRemoteShell(t *testing.T) {
 	defer unix.Munmap(m)
 
 	script := fmt.Sprintf(`
-f=%s; m=%s
+f=%s; m=%s; tf=%s
 set -- $(getfattr --only-values -n user.mrfs.remote $m); tr=$1 peer=$2
 tok=$(getfattr --only-values -n user.mrfs.token $m)
 addr=$(getfattr --only-values -n user.mrfs.addr $f)
 rkey=$(getfattr --only-values -n user.mrfs.rkey $f)
-printf 'hello from afar' | mrfs remote write --transport $tr --peer $peer --pd / --token $tok --addr $addr --rkey $rkey
+printf 'hello from afar' | MRFS_TOKEN=$tok mrfs remote write --transport $tr --peer $peer --pd / --addr $addr --rkey $rkey
 head -c 15 $f; echo
 printf 'written locally' | dd of=$f bs=1 seek=100 conv=notrunc status=none
-mrfs remote read --transport $tr --peer $peer --pd / --token $tok --addr $((addr + 100)) --rkey $rkey --length 15; echo
+echo $tok > $tf
+mrfs remote read --transport $tr --peer $peer --pd / --token-file $tf --addr $((addr + 100)) --rkey $rkey --length 15; echo
 # The directory where it is mounted here names the peer, transport and token.
 mrfs remote fadd --pd $m --addr $((addr + 1024)) --rkey $rkey --add 5
 mrfs remote fadd --pd $m --addr $((addr + 1024)) --rkey $rkey --add 0x10
 mrfs remote cas --pd $m --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 0xabc
 mrfs remote cas --pd $m --addr $((addr + 1024)) --rkey $rkey --compare 21 --swap 7
-`, rx, d.mnt)
+`, rx, d.mnt, filepath.Join(t.TempDir(), "token"))
 	out := mustSh(t, script)
 	want := "hello from afar\nwritten locally\n0x0\n0x5\n0x15\n0xabc\n"
 	if out != want {
@@ -502,23 +504,18 @@ func TestRemoteOffAndRmdir(t *testing.T) {
 	}
 }
 
-// TestRemoteTokens: every directory has its own read-only token, readable
-// only by users who may read the directory; a peer must present its
-// directory's to get a queue pair (EACCES otherwise, also with another
-// directory's), and a source that keeps presenting wrong ones is
-// refused for a while, even with the right one, with one warn line.
+// TestRemoteTokens: every directory has its own read-only token; a peer
+// must present its directory's to get a queue pair (EACCES otherwise,
+// also with another directory's), and a source that keeps presenting
+// wrong ones is refused for a while, even with the right one, with one
+// warn line.
 func TestRemoteTokens(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{
-		Mount:  "allow_other = true\numask = \"022\"",
+		Mount:  "umask = \"022\"",
 		Remote: fmt.Sprintf("listen = \"%s:0\"\nallow_from = %s\nmax_failures = 3\n", backend.host, backend.allowFrom),
 	})
 	peer := d.remotePeer(t)
-	for p := d.mnt; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if err := os.Mkdir(d.path("open"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -542,17 +539,7 @@ func TestRemoteTokens(t *testing.T) {
 		toks[dir] = v
 	}
 	wantErrno(t, setxattr(d.path("open"), xToken, "00112233445566778899aabbccddeeff"), unix.EPERM, "set user.mrfs.token")
-	asNobody := func(dir string) (string, error) {
-		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-			"getfattr", "--absolute-names", "--only-values", "-n", xToken, d.path(dir)).CombinedOutput()
-		return string(out), err
-	}
-	if out, err := asNobody("open"); err != nil || out != toks["open"] {
-		t.Errorf("another user reading the token of a 0755 directory: %v, %q", err, out)
-	}
-	if out, err := asNobody("closed"); err == nil || !strings.Contains(out, "Permission denied") {
-		t.Errorf("another user reading the token of a 0700 directory: %v, %q; want Permission denied", err, out)
-	}
+	// Who else may read a token: TestTokenReaders.
 
 	// The right token admits; a wrong one, or another directory's, is
 	// refused before any queue pair exists.
@@ -569,8 +556,8 @@ func TestRemoteTokens(t *testing.T) {
 	}
 	// Two failures so far; the third, by the CLI, gets the source
 	// refused, even with the right token, and the log says so once.
-	if _, errOut, err := sh(t, remoteCLI(d, "read")+" --token "+toks["closed"]+" --addr 0 --rkey 0 --length 1"); exitCode(err) != 1 || !strings.Contains(errOut, "wrong token") {
-		t.Errorf("mrfs remote with a wrong --token: exit %d, %q; want 1 and wrong token", exitCode(err), errOut)
+	if _, errOut, err := sh(t, "MRFS_TOKEN="+toks["closed"]+" "+remoteCLI(d, "read")+" --addr 0 --rkey 0 --length 1"); exitCode(err) != 1 || !strings.Contains(errOut, "wrong token") {
+		t.Errorf("mrfs remote with a wrong MRFS_TOKEN: exit %d, %q; want 1 and wrong token", exitCode(err), errOut)
 	}
 	right, _ := remote.ParseToken(toks["open"])
 	if c, err := dialToken(peer, "/open", right); err == nil {
@@ -584,5 +571,161 @@ func TestRemoteTokens(t *testing.T) {
 		t.Errorf("no warn line naming the source:\n%s", tail(d.stderr.String(), 20))
 	} else if n := len(re.FindAllString(d.stderr.String(), -1)); n != 1 {
 		t.Errorf("%d warn lines, want 1 a minute: %s", n, line)
+	}
+}
+
+// TestTokenReaders: a PD's token is for those who may write its
+// directory, since a peer holding it may change the PD's buffers: with
+// allow_other, uid 65534 reading the token of the root (0755, the
+// mounting user's) or of another 0755 directory gets EACCES, and
+// listxattr does not name it (getfattr -d works without an error);
+// where 65534 may write, as the directory's owner, by its gid, or by a
+// supplementary group, it reads the token; root reads every one.
+func TestTokenReaders(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Mount: "allow_other = true"})
+	for p := d.mnt; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const supplementary = 4242
+	dirs := []struct {
+		name     string
+		uid, gid int
+		mode     os.FileMode
+		groups   string // setpriv's --groups for 65534, "" for none
+		readable bool
+	}{
+		{"", 0, 0, 0o755, "", false},
+		{"open", 0, 0, 0o755, "", false},
+		{"others-write", 0, 0, 0o757, "", true},
+		{"owned", 65534, 65534, 0o755, "", true},
+		{"owned-read-only", 65534, 0, 0o575, "", false}, // the owner is judged by its own bits
+		{"group", 0, 65534, 0o775, "", true},
+		{"group-read-only", 0, 65534, 0o755, "", false},
+		{"supplementary", 0, supplementary, 0o775, fmt.Sprint(supplementary), true},
+		{"not-a-member", 0, supplementary, 0o775, "", false},
+	}
+	for _, dir := range dirs {
+		p := d.path(dir.name)
+		if dir.name != "" {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chown(p, dir.uid, dir.gid); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, dir.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as := func(groups string, args ...string) (string, error) {
+		g := "--clear-groups"
+		if groups != "" {
+			g = "--groups=" + groups
+		}
+		out, err := exec.Command("setpriv", append([]string{"--reuid=" + nobody, "--regid=" + nobody, g, "--"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	for _, dir := range dirs {
+		p := d.path(dir.name)
+		tok := mustXattr(t, p, xToken) // root reads every token
+		if names, err := listxattr(p); err != nil || !slices.Contains(names, xToken) {
+			t.Errorf("root's listxattr of %q: %q, %v; want %s in it", dir.name, names, err, xToken)
+		}
+		out, err := as(dir.groups, "getfattr", "--absolute-names", "--only-values", "-n", xToken, p)
+		switch {
+		case dir.readable && (err != nil || out != tok):
+			t.Errorf("65534 reading the token of %q (%v, %d:%d, groups %q): %v, %q; want the token", dir.name, dir.mode, dir.uid, dir.gid, dir.groups, err, out)
+		case !dir.readable && (err == nil || !strings.Contains(out, "Permission denied") || strings.Contains(out, tok)):
+			t.Errorf("65534 reading the token of %q (%v, %d:%d, groups %q): %v, %q; want Permission denied", dir.name, dir.mode, dir.uid, dir.gid, dir.groups, err, out)
+		}
+		out, err = as(dir.groups, "getfattr", "--absolute-names", "-d", p)
+		if err != nil || !strings.Contains(out, xPD+"=") || strings.Contains(out, xToken) != dir.readable {
+			t.Errorf("65534's getfattr -d of %q (%v, %d:%d, groups %q): %v, %q; want %s listed %v, and no error", dir.name, dir.mode, dir.uid, dir.gid, dir.groups, err, out, xToken, dir.readable)
+		}
+	}
+}
+
+// fakePeer is a TCP listener that plays an mrfs daemon only as far as
+// reading the hello: it records each hello (where `mrfs remote` sent a
+// token, and which) and closes the connection.
+type fakePeer struct {
+	addr   string
+	hellos chan proto.Frame
+}
+
+func startFakePeer(t *testing.T) *fakePeer {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	p := &fakePeer{addr: l.Addr().String(), hellos: make(chan proto.Frame, 16)}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(cmdTimeout))
+				f, _ := proto.NewReader(c, 1<<20).Next()
+				p.hellos <- f // a connection without a hello counts too
+			}()
+		}
+	}()
+	return p
+}
+
+// hello is the next hello the fake peer got, or false when none came
+// within d.
+func (p *fakePeer) hello(d time.Duration) (proto.Frame, bool) {
+	select {
+	case f := <-p.hellos:
+		return f, true
+	case <-time.After(d):
+		return proto.Frame{}, false
+	}
+}
+
+// TestRemoteTokenSource: a directory mounted here gives `mrfs remote
+// --pd DIR` its own token only for the peer it names itself: with a
+// --peer or --transport naming another, the command is refused (exit
+// 2) and nothing is sent; with the directory's own peer, named or not,
+// it is served; a token the user gives (MRFS_TOKEN) goes where the user
+// says, and the directory's own is then not sent.
+func TestRemoteTokenSource(t *testing.T) {
+	t.Parallel()
+	d, peer := startRemote(t)
+	fake := startFakePeer(t)
+	addr, rkey := remoteBuf(t, d.path("b"), 4096, allRemote)
+	own := mustXattr(t, d.mnt, xToken)
+	keys := fmt.Sprintf(" --addr %d --rkey %d --length 4 --timeout 5s", addr, rkey)
+	other := map[string]string{"tcp": "rdma_cm", "rdma_cm": "tcp"}[backend.transport]
+	for _, extra := range []string{" --peer " + fake.addr, " --peer " + fake.addr + " --transport " + backend.transport, " --transport " + other} {
+		_, errOut, err := sh(t, remoteCLI(d, "read")+extra+keys)
+		if exitCode(err) != 2 || !strings.Contains(errOut, "its token goes only to the peer it names") || !strings.Contains(errOut, "MRFS_TOKEN") {
+			t.Errorf("mrfs remote --pd %s%s without a token: exit %d, %q; want exit 2, refused", d.mnt, extra, exitCode(err), errOut)
+		}
+	}
+	if h, ok := fake.hello(200 * time.Millisecond); ok {
+		t.Errorf("a directory's token went to a peer it does not name: hello for %q with token %x (the directory's is %s)", h.Path, h.Token, own)
+	}
+	for _, extra := range []string{"", " --peer " + peer, " --peer " + peer + " --transport " + backend.transport} {
+		if out, errOut, err := sh(t, remoteCLI(d, "read")+extra+keys); err != nil || out != "\x00\x00\x00\x00" {
+			t.Errorf("mrfs remote --pd %s%s: %v, %q, %q; want the buffer's 4 bytes", d.mnt, extra, err, out, errOut)
+		}
+	}
+	user := "0123456789abcdef0123456789abcdef"
+	if _, errOut, err := sh(t, "MRFS_TOKEN="+user+" "+remoteCLI(d, "read")+" --peer "+fake.addr+" --transport tcp"+keys); exitCode(err) != 1 {
+		t.Errorf("the user's token to a fake peer: exit %d, %q; want 1 (the fake answers nothing)", exitCode(err), errOut)
+	}
+	if h, ok := fake.hello(5 * time.Second); !ok || fmt.Sprintf("%x", h.Token) != user || h.Path != "/" {
+		t.Errorf("the user's token to a fake peer: hello %v for %q with token %x; want the user's token for /", ok, h.Path, h.Token)
 	}
 }

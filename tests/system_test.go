@@ -417,7 +417,8 @@ func mountinfoLine(t *testing.T, mnt string) string {
 	return ""
 }
 
-// TestMountCommandAndFstab: mount(8) and an fstab line, in a mount
+// TestMountCommandAndFstab: mount(8) and an fstab line (with the
+// everyday noatime, nodiratime, lazytime, relatime), in a mount
 // namespace of their own. mount(8) runs its helpers with an empty PATH,
 // so the helper's shell looks in the default path: there (on
 // /usr/local/sbin, in that namespace only) is the mrfs under test.
@@ -425,7 +426,7 @@ func TestMountCommandAndFstab(t *testing.T) {
 	t.Parallel()
 	m := newBgMount(t, daemonConfig{})
 	fstab := filepath.Join(m.dir, "fstab")
-	opts := "defaults,nofail,_netdev,x-systemd.requires=network-online.target,backend=" + backend.name + ",allow_other"
+	opts := "defaults,noatime,nodiratime,lazytime,nofail,_netdev,x-systemd.requires=network-online.target,backend=" + backend.name + ",allow_other"
 	if err := os.WriteFile(fstab, []byte(fmt.Sprintf("%s %s fuse.mrfs %s 0 0\n", m.cfgPath, m.mnt, opts)), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +444,7 @@ exited() { # the nth "daemon exiting" line, within 10 s
 }
 mount --bind "$BIN" /usr/local/sbin
 
-mount -t fuse.mrfs "$CFG" "$M" -o backend=$BACKEND,buffers.max_buffers=7 || fail "mount -t fuse.mrfs: $?"
+mount -t fuse.mrfs "$CFG" "$M" -o relatime,backend=$BACKEND,buffers.max_buffers=7 || fail "mount -t fuse.mrfs: $?"
 [ "$(mounts)" = 1 ] || fail "not mounted once"
 getfattr --absolute-names --only-values -n user.mrfs.stats "$M" | grep -q '"max_buffers":7' || fail "option not applied"
 truncate -s 1M "$M/buf"

@@ -139,10 +139,12 @@ func (h *syslogHandler) WithGroup(name string) slog.Handler {
 
 // requestLog is where go-fuse logs each request and reply when
 // log.fuse_requests is set: the daemon's log, at debug level, one record
-// per line go-fuse prints; nil when it is not set.
+// per line go-fuse prints, without the data (redactedLog); nil when it
+// is not set.
 func requestLog(cfg config.Log, log *slog.Logger) *stdlog.Logger {
 	if !cfg.FuseRequests {
 		return nil
 	}
-	return slog.NewLogLogger(log.With("fuse", true).Handler(), slog.LevelDebug)
+	records := slog.NewLogLogger(log.With("fuse", true).Handler(), slog.LevelDebug)
+	return stdlog.New(redactedLog{records.Writer()}, "", 0)
 }

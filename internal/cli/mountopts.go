@@ -34,6 +34,9 @@ var mountNoEffect = []struct {
 	{[]string{"dev", "nodev", "suid", "nosuid"}, "mrfs always mounts nodev,nosuid: it holds neither device files nor set-id bits (mount.fuse3 adds dev,suid to every mount)"},
 	{[]string{"exec", "async", "default_permissions"}, "what mrfs does anyway"},
 	{[]string{"defaults", "auto", "noauto", "_netdev", "nofail"}, "for mount(8) and systemd, which act on them before mrfs runs"},
+	{[]string{"noatime", "relatime", "strictatime", "atime", "norelatime", "nostrictatime", "nodiratime", "diratime", "lazytime", "nolazytime"},
+		"access times are kept in memory and change only when a client sets them (touch -a, utimensat): reads and listings never update them, " +
+			"and there is no disk to write them to lazily; accepted so that everyday fstab lines mount"},
 }
 
 // mountRefused are generic options that would mean something mrfs does

@@ -15,6 +15,7 @@ import (
 func TestApplyMountOptions(t *testing.T) {
 	cfg := config.Default()
 	fsname, err := applyMountOptions(&cfg, "rw,nosuid,nodev,dev,suid,defaults,_netdev,nofail,noauto,x-systemd.automount,x-systemd.requires=a.target,comment=x,"+
+		"noatime,relatime,strictatime,atime,norelatime,nostrictatime,nodiratime,diratime,lazytime,nolazytime,"+
 		"backend=rdma,backend=soft,device=soft0,allow_other,zero_copy=false,umask=022,buffers.max_pinned=1GiB,log.level=debug,"+
 		"buffers.default_access=local_write|remote_read,fsname=/etc/mrfs/a.toml")
 	if err != nil {
@@ -47,7 +48,8 @@ func TestApplyMountOptions(t *testing.T) {
 func TestMountOptionErrors(t *testing.T) {
 	for _, tc := range []struct{ opts, bad, msg string }{
 		{"backend=soft,frobnicate", "frobnicate", "unknown"},
-		{"noatime", "noatime", "unknown"},
+		{"noatim", "noatim", "unknown"},
+		{"noatime=1", "noatime=1", "unknown"},
 		{"ro", "ro", "read-only"},
 		{"rw,noexec", "noexec", "noexec"},
 		{"backend", "backend", "needs a value"},

@@ -77,11 +77,14 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	default:
 		return usageError("remote: unknown operation %q; want read, write, cas or fadd", op)
 	}
+	if err := refuseTokenFlag(op, args[1:]); err != nil {
+		return err
+	}
 	f := flag.NewFlagSet("remote "+op, flag.ContinueOnError)
 	peer := f.String("peer", "", "host:port of the mrfs daemon (its remote.listen, as user.mrfs.remote shows it)")
-	pd := f.String("pd", "", "directory of the peer's mount whose PD to join (/ is its root), or that directory's path where it is mounted here: then --peer, --token and --transport default to what it says")
-	tokenS := f.String("token", "", "the PD's token: user.mrfs.token of the directory (read from it when --pd is its path here)")
-	nameS := f.String("name", "", "HOST/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc)")
+	pd := f.String("pd", "", "directory of the peer's mount whose PD to join (/ is its root), or that directory's path where it is mounted here: then --peer and --transport default to what it says, and without --token-file or "+tokenEnv+" its own user.mrfs.token goes to that peer alone")
+	tokenFile := f.String("token-file", "", "read the PD's token (user.mrfs.token of the directory, 32 hex digits) from `FILE`; default: the "+tokenEnv+" environment variable")
+	nameS := f.String("name", "", "HOST/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc); the token must come from --token-file or "+tokenEnv)
 	genS := f.String("generation", "", "with --name: refuse unless the buffer's registration is still this generation (as mrfs peers showed it)")
 	pf := addPublishFlags(f)
 	addrS := f.String("addr", "", "remote address (user.mrfs.addr)")
@@ -112,6 +115,15 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	}
 	set := map[string]bool{}
 	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	// A token goes only to the peer named by the source that gave it:
+	// the user's (--token-file, MRFS_TOKEN) to the peer the user chose,
+	// or one published; a local directory's own to the peer that
+	// directory names. A PD path found in etcd is the peer's, never a
+	// directory here.
+	tok, fromUser, err := userToken(op, *tokenFile)
+	if err != nil {
+		return err
+	}
 	var named *published
 	if *nameS != "" {
 		for _, other := range []string{"peer", "pd", "desc", "addr", "rkey", "transport"} {
@@ -119,7 +131,9 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 				return usageError("remote %s: --name gives --%s; give one or the other", op, other)
 			}
 		}
-		var err error
+		if !fromUser {
+			return usageError("remote %s: --name needs the PD's token from --token-file or %s (the owner hands it over; it is never published)", op, tokenEnv)
+		}
 		if named, err = lookupName(op, pf, *nameS, *genS); err != nil {
 			return err
 		}
@@ -131,27 +145,30 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	if *pd == "" {
 		return usageError("remote %s: --pd is required (a directory of the peer's mount, / for its root)", op)
 	}
-	if here, ok := localPD(*pd); ok {
+	var here localDir
+	local := false
+	if named == nil {
+		here, local = localPD(*pd)
+	}
+	switch {
+	case local:
+		if !fromUser {
+			if tok, err = here.ownToken(op, *peer, *transportS, set); err != nil {
+				return err
+			}
+		}
 		*pd = here.dir
 		if *peer == "" {
 			*peer = here.peer
 		}
-		if *tokenS == "" {
-			*tokenS = here.token
-		}
 		if !set["transport"] {
 			*transportS = here.transport
 		}
+	case !fromUser:
+		return usageError("remote %s: no token: give the PD's token (user.mrfs.token of the directory) with --token-file FILE or %s, or name the directory by its path where it is mounted here (--pd)", op, tokenEnv)
 	}
 	if *peer == "" {
 		return usageError("remote %s: --peer is required", op)
-	}
-	if *tokenS == "" {
-		return usageError("remote %s: --token is required (user.mrfs.token of the directory), unless --pd is the directory's path where it is mounted here", op)
-	}
-	tok, err := remote.ParseToken(*tokenS)
-	if err != nil {
-		return usageError("remote %s: --token: %v", op, err)
 	}
 	var regions []remote.Region
 	var addr, rkey uint64
@@ -314,14 +331,56 @@ func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 	return addr, regions, nil
 }
 
+// tokenEnv is the environment variable `mrfs remote` takes a token
+// from: unlike an argument, the environment is not for every user of
+// the host to read.
+const tokenEnv = "MRFS_TOKEN"
+
+// refuseTokenFlag refuses --token, which would put the token in
+// /proc/PID/cmdline, where every user of the host reads it.
+func refuseTokenFlag(op string, args []string) error {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "token" {
+			return usageError("remote %s: --token is refused: a command line is readable by every user of the host (ps, /proc/PID/cmdline); give the token with --token-file FILE or the %s environment variable", op, tokenEnv)
+		}
+	}
+	return nil
+}
+
+// userToken is the token the user gives, from --token-file (file) or
+// else MRFS_TOKEN; ok is false when neither is given. The token is
+// never repeated in an error.
+func userToken(op, file string) (tok remote.Token, ok bool, err error) {
+	switch {
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return tok, false, usageError("remote %s: --token-file: %v", op, err)
+		}
+		if tok, err = remote.ParseToken(string(b)); err != nil {
+			return tok, false, usageError("remote %s: --token-file %s: %v", op, file, err)
+		}
+		return tok, true, nil
+	case os.Getenv(tokenEnv) != "":
+		if tok, err = remote.ParseToken(os.Getenv(tokenEnv)); err != nil {
+			return tok, false, usageError("remote %s: %s: %v", op, tokenEnv, err)
+		}
+		return tok, true, nil
+	}
+	return tok, false, nil
+}
+
 // localDir is what an mrfs directory mounted here says of itself to
 // remote peers.
-type localDir struct{ transport, peer, dir, token string }
+type localDir struct{ path, transport, peer, dir string }
 
-// localPD reads path's user.mrfs.remote ("TRANSPORT HOST:PORT DIR") and
-// user.mrfs.token when path is a directory of an mrfs mount here with
-// remote access on; ok is false otherwise (path is then a PD's name in
-// the peer's mount).
+// localPD reads path's user.mrfs.remote ("TRANSPORT HOST:PORT DIR") when
+// path is a directory of an mrfs mount here with remote access on; ok
+// is false otherwise (path is then a PD's name in the peer's mount).
 func localPD(path string) (localDir, bool) {
 	if !filepath.IsAbs(path) {
 		return localDir{}, false
@@ -331,9 +390,29 @@ func localPD(path string) (localDir, bool) {
 		return localDir{}, false
 	}
 	f := strings.SplitN(string(where), " ", 3)
-	tok, err := getxattr(path, "user.mrfs.token")
-	if len(f) != 3 || err != nil {
+	if len(f) != 3 {
 		return localDir{}, false
 	}
-	return localDir{transport: f[0], peer: f[1], dir: f[2], token: string(tok)}, true
+	return localDir{path: path, transport: f[0], peer: f[1], dir: f[2]}, true
+}
+
+// ownToken reads the directory's user.mrfs.token, for the peer the
+// directory itself names: a --peer or --transport that names another is
+// refused, since the token would then reach a peer no source vouched
+// for.
+func (l localDir) ownToken(op, peer, transport string, set map[string]bool) (remote.Token, error) {
+	tr, _ := transportName(transport)
+	if set["peer"] && peer != l.peer || set["transport"] && tr != l.transport {
+		return remote.Token{}, usageError("remote %s: %s is mounted here, and its token goes only to the peer it names (%s %s); to reach another, give that PD's token with --token-file or %s",
+			op, l.path, l.transport, l.peer, tokenEnv)
+	}
+	v, err := getxattr(l.path, "user.mrfs.token")
+	if err != nil {
+		return remote.Token{}, usageError("remote %s: read user.mrfs.token of %s: %v (only root and those who may write the directory may; or give the token with --token-file or %s)", op, l.path, err, tokenEnv)
+	}
+	tok, err := remote.ParseToken(string(v))
+	if err != nil {
+		return remote.Token{}, fmt.Errorf("remote %s: user.mrfs.token of %s: %w", op, l.path, err)
+	}
+	return tok, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +21,8 @@ import (
 type fakeRemote struct {
 	mem   []byte
 	dials []string // "transport peer dir"
+	// tokenFile holds fakeToken, for --token-file.
+	tokenFile string
 }
 
 const fakeIOVA, fakeRKey = 0x1000, 0x1234
@@ -31,7 +35,8 @@ const fakeDesc = `{"addr":"0x1000","regions":[{"addr":"0x1000","length":"4096","
 
 func installFakeRemote(t *testing.T) *fakeRemote {
 	t.Helper()
-	f := &fakeRemote{mem: make([]byte, 4096)}
+	f := &fakeRemote{mem: make([]byte, 4096), tokenFile: writeToken(t, fakeToken)}
+	t.Setenv(tokenEnv, "") // the tests give tokens themselves
 	saved := transports
 	transports = map[string]dialer{}
 	for name, real := range saved {
@@ -49,6 +54,17 @@ func installFakeRemote(t *testing.T) *fakeRemote {
 	}
 	t.Cleanup(func() { transports = saved })
 	return f
+}
+
+// writeToken is a token file holding s as people write them: with a
+// newline, and here some blanks around it.
+func writeToken(t *testing.T, s string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte("  "+s+"\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 type fakeConn struct{ f *fakeRemote }
@@ -102,7 +118,7 @@ func (c *fakeConn) FetchAdd(iova uint64, rkey uint32, add uint64) (uint64, error
 // nothing.
 func TestRemoteUsageErrors(t *testing.T) {
 	f := installFakeRemote(t)
-	ok := []string{"--peer", "127.0.0.1:7471", "--pd", "/", "--token", fakeToken, "--addr", "0x1000", "--rkey", "0x1234"}
+	ok := []string{"--peer", "127.0.0.1:7471", "--pd", "/", "--token-file", f.tokenFile, "--addr", "0x1000", "--rkey", "0x1234"}
 	without := func(flag string) []string {
 		var a []string
 		for i := 0; i < len(ok); i += 2 {
@@ -122,8 +138,15 @@ func TestRemoteUsageErrors(t *testing.T) {
 		{[]string{"READ"}, `unknown operation "READ"`},
 		{append([]string{"write"}, without("--peer")...), "--peer is required"},
 		{append([]string{"write"}, without("--pd")...), "--pd is required"},
-		{append([]string{"write"}, without("--token")...), "--token is required"},
-		{append([]string{"write"}, with("--token", "0x12")...), "not 32 hex digits"},
+		{append([]string{"write"}, without("--token-file")...), "no token: give the PD's token (user.mrfs.token of the directory) with --token-file FILE or MRFS_TOKEN"},
+		{append([]string{"write"}, with("--token-file", writeToken(t, "0x12"))...), "not 32 hex digits"},
+		{append([]string{"write"}, with("--token-file", writeToken(t, fakeToken[1:]))...), "not 32 hex digits"},
+		{append([]string{"write"}, with("--token-file", "/nonexistent/token")...), "--token-file: open /nonexistent/token: no such file"},
+		{append([]string{"write"}, with("--token", fakeToken)...), "--token is refused: a command line is readable by every user"},
+		{append([]string{"write"}, with("--token="+fakeToken)...), "give the token with --token-file FILE or the MRFS_TOKEN environment variable"},
+		{append([]string{"write"}, with("-token", fakeToken)...), "--token is refused"},
+		{append([]string{"write", "--token", fakeToken}, without("--token-file")...), "--token is refused"},
+		{[]string{"read", "--name", "h/b", "--endpoints", "http://127.0.0.1:1", "--length", "1"}, "--name needs the PD's token from --token-file or MRFS_TOKEN"},
 		{append([]string{"write"}, without("--addr")...), "--addr is required"},
 		{append([]string{"write"}, without("--rkey")...), "--rkey is required"},
 		{append([]string{"write"}, with("--pd", "")...), "--pd is required"},
@@ -148,15 +171,18 @@ func TestRemoteUsageErrors(t *testing.T) {
 		{append([]string{"write"}, with("extra")...), "want 0 argument(s), got 1"},
 		{append([]string{"write"}, with("--desc", fakeDesc)...), "--desc replaces --addr and --rkey"},
 		{append([]string{"write"}, with("--offset", "8")...), "--offset needs --desc"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", "{}"}, "--desc: it lists no regions"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", "not json"}, "--desc: not a desc"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", "@/nonexistent/desc"}, "no such file"},
-		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--desc", fakeDesc, "--offset", "4096"}, "--offset 4096: address 0x2000 is in no region"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token-file", f.tokenFile, "--desc", "{}"}, "--desc: it lists no regions"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token-file", f.tokenFile, "--desc", "not json"}, "--desc: not a desc"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token-file", f.tokenFile, "--desc", "@/nonexistent/desc"}, "no such file"},
+		{[]string{"write", "--peer", "p:1", "--pd", "/", "--token-file", f.tokenFile, "--desc", fakeDesc, "--offset", "4096"}, "--offset 4096: address 0x2000 is in no region"},
 	} {
 		args := append([]string{"remote"}, tc.args...)
 		code, stdout, stderr := runCLI(args...)
 		if code != exitUsage || !strings.Contains(stderr, tc.msg) || !strings.Contains(stderr, "usage:") || stdout != "" {
 			t.Errorf("mrfs %q: exit %d, stdout %q, stderr %q; want exit 2 naming %q", args, code, stdout, stderr, tc.msg)
+		}
+		if strings.Contains(stderr, fakeToken[1:9]) {
+			t.Errorf("mrfs %q: the error repeats the token: %q", args, stderr)
 		}
 	}
 	if len(f.dials) != 0 {
@@ -170,7 +196,7 @@ func TestRemoteOperations(t *testing.T) {
 	f := installFakeRemote(t)
 	saved := stdin
 	t.Cleanup(func() { stdin = saved })
-	base := []string{"--peer", "10.0.0.1:7471", "--pd", "/tenant", "--token", fakeToken, "--rkey", "0x1234"}
+	base := []string{"--peer", "10.0.0.1:7471", "--pd", "/tenant", "--token-file", f.tokenFile, "--rkey", "0x1234"}
 	remote := func(op string, args ...string) (int, string, string) {
 		return runCLI(append(append([]string{"remote", op}, base...), args...)...)
 	}
@@ -224,7 +250,7 @@ func TestRemoteOperations(t *testing.T) {
 			t.Errorf("%q outside the region: exit %d, stdout %q, stderr %q; want exit 1, IBV_WC_REM_ACCESS_ERR", args, code, out, errs)
 		}
 	}
-	code, _, errs := runCLI("remote", "read", "--peer", "p:1", "--pd", "/", "--token", fakeToken, "--addr", "0x1000", "--rkey", "0x99", "--length", "1")
+	code, _, errs := runCLI("remote", "read", "--peer", "p:1", "--pd", "/", "--token-file", f.tokenFile, "--addr", "0x1000", "--rkey", "0x99", "--length", "1")
 	if code != exitFailure || !strings.Contains(errs, "IBV_WC_REM_ACCESS_ERR") || strings.Contains(errs, "usage:") {
 		t.Errorf("read with a wrong rkey: exit %d, stderr %q", code, errs)
 	}
@@ -253,15 +279,41 @@ func TestRemoteOperations(t *testing.T) {
 // A binary without rdma_cm says how to get it, and fails (exit 1) like
 // `mrfs devices --backend rdma` does.
 func TestRemoteTransportMissing(t *testing.T) {
-	installFakeRemote(t)
+	f := installFakeRemote(t)
 	if rdmaBuilt {
 		t.Skip("built with -tags rdma: rdma_cm is there")
 	}
 	if defaultTransport != transportTCP {
 		t.Errorf("default transport %q without -tags rdma, want tcp", defaultTransport)
 	}
-	code, _, errs := runCLI("remote", "write", "--transport", "rdma", "--peer", "h:1", "--pd", "/", "--token", fakeToken, "--addr", "0", "--rkey", "0")
+	code, _, errs := runCLI("remote", "write", "--transport", "rdma", "--peer", "h:1", "--pd", "/", "--token-file", f.tokenFile, "--addr", "0", "--rkey", "0")
 	if code != exitFailure || !strings.Contains(errs, "no rdma_cm transport") || !strings.Contains(errs, "-tags rdma") {
 		t.Errorf("--transport rdma without -tags rdma: exit %d, stderr %q", code, errs)
+	}
+}
+
+// The token comes from --token-file, else from MRFS_TOKEN (a file given
+// wins); a malformed one is a usage error that does not repeat it.
+func TestRemoteTokenSources(t *testing.T) {
+	f := installFakeRemote(t)
+	args := []string{"remote", "fadd", "--peer", "p:1", "--pd", "/", "--addr", "0x1000", "--rkey", "0x1234", "--add", "1"}
+	t.Setenv(tokenEnv, fakeToken)
+	if code, out, errs := runCLI(args...); code != exitOK || out != "0x0\n" {
+		t.Errorf("with %s: exit %d, stdout %q, stderr %q", tokenEnv, code, out, errs)
+	}
+	wrong := "ffeeddccbbaa99887766554433221100"
+	t.Setenv(tokenEnv, wrong)
+	if code, out, errs := runCLI(append(args, "--token-file", f.tokenFile)...); code != exitOK || out != "0x1\n" {
+		t.Errorf("--token-file with another token in %s: exit %d, stdout %q, stderr %q; want the file's", tokenEnv, code, out, errs)
+	}
+	if code, _, errs := runCLI(args...); code != exitFailure || !strings.Contains(errs, "wrong token") {
+		t.Errorf("a wrong %s: exit %d, stderr %q; want exit 1, wrong token", tokenEnv, code, errs)
+	}
+	t.Setenv(tokenEnv, wrong[:31]+"g")
+	if code, _, errs := runCLI(args...); code != exitUsage || !strings.Contains(errs, tokenEnv+": the token is not 32 hex digits") || strings.Contains(errs, wrong[:8]) {
+		t.Errorf("a malformed %s: exit %d, stderr %q; want exit 2 naming it, without its value", tokenEnv, code, errs)
+	}
+	if len(f.dials) != 2 {
+		t.Errorf("dials %q, want the two with the right token", f.dials)
 	}
 }

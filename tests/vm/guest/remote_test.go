@@ -188,7 +188,7 @@ func qpIDs(t testing.TB) map[uint64]resEntry {
 // rdma_cm by default, with the keys read from the xattrs of $F.
 const (
 	cliKeys  = `addr=$(getfattr --absolute-names --only-values -n user.mrfs.addr "$F"); rkey=$(getfattr --absolute-names --only-values -n user.mrfs.rkey "$F")` + "\n"
-	cliWrite = cliKeys + `"$MRFS" remote write --peer "$PEER" --pd "$PD" --token "$(tok "$PD")" --addr $((addr + ${OFF:-0})) --rkey "$rkey" < "$DATA"`
+	cliWrite = cliKeys + `MRFS_TOKEN="$(tok "$PD")" "$MRFS" remote write --peer "$PEER" --pd "$PD" --addr $((addr + ${OFF:-0})) --rkey "$rkey" < "$DATA"`
 )
 
 // TestRemoteRDMA is the issue's scenario over rdma_cm on rxe0, with peers
@@ -227,13 +227,13 @@ func TestRemoteRDMA(t *testing.T) {
 
 	// The other way: what is written through the file, the peer READs.
 	writeAt(t, f, []byte("through the file"))
-	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --length 16`, "F", f); code != 0 || out != "through the file" {
+	if code, out := cliPeer(t, d, cliKeys+`MRFS_TOKEN="$(tok /)" "$MRFS" remote read --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --length 16`, "F", f); code != 0 || out != "through the file" {
 		t.Errorf("mrfs remote read: exit %d, %q", code, out)
 	}
 	// Atomics on the first 8 bytes (the host's order); old values in hex.
 	writeAt(t, f, make([]byte, 8))
-	atomics := cliKeys + `for a in 5 0x10; do "$MRFS" remote fadd --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --add $a || exit; done
-"$MRFS" remote cas --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --compare 21 --swap 0x2a`
+	atomics := cliKeys + `for a in 5 0x10; do MRFS_TOKEN="$(tok /)" "$MRFS" remote fadd --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --add $a || exit; done
+MRFS_TOKEN="$(tok /)" "$MRFS" remote cas --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --compare 21 --swap 0x2a`
 	if code, out := cliPeer(t, d, atomics, "F", f); code != 0 || out != "0x0\n0x5\n0x15" {
 		t.Errorf("mrfs remote fadd, fadd, cas: exit %d, %q; want 0x0 0x5 0x15", code, out)
 	}
@@ -260,7 +260,7 @@ func TestRemoteRDMA(t *testing.T) {
 	if err := os.Remove(f); err != nil {
 		t.Fatal(err)
 	}
-	code, out = cliPeer(t, d, `"$MRFS" remote write --peer "$PEER" --pd / --token "$(tok /)" --addr $IOVA --rkey $RKEY < "$DATA"`, "IOVA", iova, "RKEY", rkey, "DATA", data)
+	code, out = cliPeer(t, d, `MRFS_TOKEN="$(tok /)" "$MRFS" remote write --peer "$PEER" --pd / --addr $IOVA --rkey $RKEY < "$DATA"`, "IOVA", iova, "RKEY", rkey, "DATA", data)
 	accessErr("mrfs remote write with the rkey of a removed file", code, out)
 
 	// A directory that does not exist is refused with its errno.
@@ -273,11 +273,11 @@ func TestRemoteRDMA(t *testing.T) {
 	if err := os.Mkdir(tenant, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	code, out = cliPeer(t, d, cliKeys+`"$MRFS" remote read --peer "$PEER" --pd tenant --token "$(tok tenant)" --addr "$addr" --rkey "$rkey" --length 8`, "F", ro)
+	code, out = cliPeer(t, d, cliKeys+`MRFS_TOKEN="$(tok tenant)" "$MRFS" remote read --peer "$PEER" --pd tenant --addr "$addr" --rkey "$rkey" --length 8`, "F", ro)
 	accessErr("mrfs remote read of a root buffer from tenant's QP", code, out)
 	// And the soft protocol's client is still in the rdma build, on
 	// request: this daemon serves rdma_cm only, so nothing answers it.
-	if code, out := cliPeer(t, d, cliKeys+`"$MRFS" remote read --transport tcp --timeout 3s --peer "$PEER" --pd / --token "$(tok /)" --addr "$addr" --rkey "$rkey" --length 8`, "F", ro); code != 1 || !strings.Contains(out, "over tcp") {
+	if code, out := cliPeer(t, d, cliKeys+`MRFS_TOKEN="$(tok /)" "$MRFS" remote read --transport tcp --timeout 3s --peer "$PEER" --pd / --addr "$addr" --rkey "$rkey" --length 8`, "F", ro); code != 1 || !strings.Contains(out, "over tcp") {
 		t.Errorf("mrfs remote --transport tcp against an rdma_cm daemon: exit %d, %s; want a failure over tcp", code, out)
 	}
 
