@@ -262,9 +262,7 @@ func (b *Buffer) Sync() error {
 	if b.gone != nil {
 		return fmt.Errorf("sync: %w", b.gone)
 	}
-	err := b.syncLocked()
-	b.settleFileLocked()
-	return err
+	return b.syncLocked()
 }
 
 // syncLocked brings the registration in line with the file's size,
@@ -314,6 +312,7 @@ func (b *Buffer) syncOnceLocked(final bool) error {
 		return nil
 	}
 	err = b.registerLocked(context.Background(), cur, b.dom, b.access)
+	b.settleFileLocked() // what a client wrote is its owner's, registered or not
 	if err == nil {
 		b.size, b.reason = cur, ""
 		return nil

@@ -121,8 +121,13 @@ func TestFallocateCharged(t *testing.T) {
 	if used := dfUsed(t, d.mnt); used != s.StoreBytes {
 		t.Errorf("df says %d bytes used, the store holds %d", used, s.StoreBytes)
 	}
+	// 32 MiB held (4 KiB of it registered), 40 MiB more is past 64 MiB.
+	out, err = asUser(65534, `cd "$1" && fallocate -n -o 32MiB -l 40MiB f`, shared)
+	if err == nil || !strings.Contains(out, "Disk quota exceeded") {
+		t.Errorf("fallocate -n of 40 MiB more over 32 MiB held, quota 64 MiB: %v %q; want Disk quota exceeded", err, out)
+	}
 	// Past the end, in a range partly held already: only the new pages
-	// count, and past the quota it is refused.
+	// count.
 	out, err = asUser(65534, `cd "$1" && fallocate -n -o 16MiB -l 48MiB f`, shared)
 	if err != nil {
 		t.Errorf("fallocate -n of [16, 64) MiB over 32 MiB held, quota 64 MiB: %v %q", err, out)
@@ -253,10 +258,29 @@ func TestOpenUnlinkedCharged(t *testing.T) {
 // TestRemovedFileMakesRoom: a file that filled the budget through a
 // zero-copy open, then removed, makes room for the next call at once,
 // though the kernel's RELEASE of the writer's close reaches the daemon
-// only after that close returned: admission waits for it briefly.
+// only after that close returned: admission waits for it briefly. First
+// with the file removed while still open (so that its release is the
+// daemon's last word on it, every time), then as a shell does it.
 func TestRemovedFileMakesRoom(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "64MiB"`})
+	for range 5 {
+		f, err := os.OpenFile(d.path("f"), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(make([]byte, 60<<20)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(d.path("f")); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		makeBuffer(t, d.path("g"), 20<<20) // right after the close
+		if err := os.Remove(d.path("g")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	script := `
 set -u
 for i in 1 2 3 4 5 6 7 8; do

@@ -147,7 +147,7 @@ var registeringRe = regexp.MustCompile(`^registering ([0-9]+)/([0-9]+)$`)
 
 // started starts cmd and returns a channel closed once it has exited
 // (its Wait done: cmd.ProcessState is set then).
-func started(t *testing.T, cmd *exec.Cmd) <-chan struct{} {
+func started(t testing.TB, cmd *exec.Cmd) <-chan struct{} {
 	t.Helper()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -339,7 +339,8 @@ func TestPerUserQuota(t *testing.T) {
 		t.Fatalf("chown into room: %v", err)
 	}
 	s = readStats(t, d.mnt)
-	if s.Users["2002"].PinnedBytes != 768<<10 || s.Users["2001"].PinnedBytes != 0 {
+	if s.Users["2002"].PinnedBytes != 768<<10 || s.Users["2001"].PinnedBytes != 0 ||
+		s.Users["2002"].ChargedBytes != 768<<10 || s.Users["2001"].ChargedBytes != 0 {
 		t.Errorf("after chown: stats users %+v", s.Users)
 	}
 	if _, ok := d.waitLog(regexp.MustCompile(`max_pinned_per_user`), 2*time.Second); !ok {
