@@ -17,8 +17,9 @@ import (
 	"mrfs/verbs"
 )
 
-// maxSoftMR is the most regions the soft device can key: a key holds the
-// region index in its upper 24 bits (index<<8 | random byte, as rxe).
+// maxSoftMR is the most regions the soft device keeps: its keys are 32
+// random bits, and at most one in 256 taken keeps a fresh one quick to
+// draw (verbs/soft).
 const maxSoftMR = 1<<24 - 1
 
 // maxPopulateWorkers bounds buffers.populate_workers: more threads than
