@@ -27,11 +27,13 @@ type Policy struct {
 	Timeout    time.Duration
 	// Events hears of admissions and completions (metrics); nil: none.
 	Events Events
-	// FailLimit failures of one source within FailWindow get it refused
-	// for FailBlock (failures.go); 0: 10, a minute, a minute. A negative
-	// FailLimit turns the rule off.
-	FailLimit             int
-	FailWindow, FailBlock time.Duration
+	// FailLimit failures of one source network within FailWindow get it
+	// refused for FailBlock (failures.go); 0: 10, a minute, a minute. A
+	// negative FailLimit turns the rule off. A source network is an
+	// address cut to FailPrefixV4 or FailPrefixV6 bits (0: 24 and 64).
+	FailLimit                  int
+	FailWindow, FailBlock      time.Duration
+	FailPrefixV4, FailPrefixV6 int
 }
 
 // Events are what the transports report as it happens. Implementations
@@ -108,12 +110,13 @@ func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 		g.log.Event("allow_from", "remote: peer not in allow_from; refused", "peer", peer.String())
 		return nil, fmt.Errorf("peer %s is not in remote.allow_from: %w", peer, syscall.EACCES)
 	}
-	if refused, warn := g.fails.refused(peer, time.Now()); refused {
+	if v := g.fails.refused(peer, time.Now()); v.refused {
 		g.ev.Refused("failures")
-		if warn {
-			g.log.log.Warn("remote: refusing a source whose attempts keep failing", "peer", peer.String())
+		g.warn(v, peer, "")
+		if v.full {
+			return nil, fmt.Errorf("peer %s: too many failing networks to count %s too; refused for a while: %w", peer, v.net, syscall.EACCES)
 		}
-		return nil, fmt.Errorf("peer %s: too many failed attempts; refused for a while: %w", peer, syscall.EACCES)
+		return nil, fmt.Errorf("peer %s: too many failed attempts from %s; refused for a while: %w", peer, v.net, syscall.EACCES)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -139,15 +142,32 @@ func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 	}, nil
 }
 
-// Failed counts a failure of peer's (why: "token", "access"); one
-// that keeps failing is refused for a while (failures.go).
+// Failed counts a failure of peer's source network (why: "token",
+// "access", "directory", "hello", "hello_timeout", "pending"); one that
+// keeps failing is refused for a while (failures.go).
 func (g *Gate) Failed(peer netip.Addr, why string) {
-	refused, warn := g.fails.failed(peer, time.Now())
-	if warn {
-		g.log.log.Warn("remote: refusing a source whose attempts keep failing", "peer", peer.String(), "last", why)
-	} else if !refused {
+	v := g.fails.failed(peer, time.Now())
+	g.warn(v, peer, why)
+	if !v.refused {
 		g.log.Event("failed_"+why, "remote: a peer's attempt failed", "peer", peer.String(), "why", why)
 	}
+}
+
+// warn says at warn that a source network is refused, when v says to
+// (once a minute per network, or per full table).
+func (g *Gate) warn(v verdict, peer netip.Addr, why string) {
+	if !v.warn {
+		return
+	}
+	args := []any{"peer", peer.String(), "network", v.net.String()}
+	if why != "" {
+		args = append(args, "last", why)
+	}
+	if v.full {
+		g.log.log.Warn("remote: too many failing networks to remember; refusing networks the table has no room for", args...)
+		return
+	}
+	g.log.log.Warn("remote: refusing a source whose attempts keep failing", args...)
 }
 
 // CheckToken admits peer to dom only with dom's token: otherwise the

@@ -39,10 +39,12 @@ func policy(cfg config.Remote, ev remote.Events) remote.Policy {
 	return remote.Policy{
 		AllowFrom:  cfg.AllowFrom,
 		MaxConns:   cfg.MaxConnections,
-		FailLimit:  failLimit(cfg.MaxFailures),
-		MaxMessage: uint32(cfg.MaxMessageSize),
-		Timeout:    cfg.Timeout,
-		Events:     ev,
+		FailLimit:    failLimit(cfg.MaxFailures),
+		FailPrefixV4: cfg.FailurePrefixV4,
+		FailPrefixV6: cfg.FailurePrefixV6,
+		MaxMessage:   uint32(cfg.MaxMessageSize),
+		Timeout:      cfg.Timeout,
+		Events:       ev,
 	}
 }
 
