@@ -170,7 +170,6 @@ func (s *Server) serve(c net.Conn) {
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		k.addr = ta.AddrPort().Addr()
 	}
-	k.r = proto.NewReader(bufio.NewReaderSize(c, 64<<10), s.p.MaxMessage)
 	detach, err := k.hello()
 	if err != nil {
 		s.gate.Log().EventTo(k.log, "hello", "remote: hello failed; connection closed", "err", err)
@@ -197,16 +196,17 @@ func (k *conn) hello() (detach func(), err error) {
 		k.send(proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(errno), Msg: err.Error()})
 		return nil, err
 	}
-	f, err := k.r.Next()
+	// Read from the socket itself, no more than the hello: nothing of the
+	// peer's beyond a hello-sized frame is read or allocated before its
+	// token is checked, and what it sent behind the hello stays in the
+	// socket for the reader made below.
+	f, err := proto.ReadHello(k.c)
 	var ve *proto.VersionError
 	switch {
 	case errors.As(err, &ve):
 		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", ve.Version, proto.Version))
 	case err != nil:
 		return nil, fmt.Errorf("read hello: %w", err)
-	}
-	if f.Type != proto.TypeHello {
-		return nil, fmt.Errorf("%w: first frame is %s, want HELLO", proto.ErrProtocol, f.Type)
 	}
 	dom, err := k.s.resolve(f.Path)
 	if err != nil {
@@ -224,6 +224,7 @@ func (k *conn) hello() (detach func(), err error) {
 		return refuse(remote.Errno(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
 	}
 	k.resp = rp.Responder()
+	k.r = proto.NewReader(bufio.NewReaderSize(k.c, 64<<10), k.s.p.MaxMessage)
 	if err := k.send(proto.Frame{Type: proto.TypeHelloOK, Version: proto.Version, PD: dom.PD(), MaxMessage: k.s.p.MaxMessage}); err != nil {
 		detach()
 		return nil, err

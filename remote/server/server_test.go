@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -339,5 +341,72 @@ func TestAccessErrorsRefuseTheSource(t *testing.T) {
 	}
 	if err := dialErr(e, "/"); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("after 3 access errors: %v, want a refusal with EACCES", err)
+	}
+}
+
+// The first frame is read up to the size of the largest HELLO: a WRITE
+// announcing max_message_size before any hello costs the daemon nothing
+// of that size (the connection ends at its header).
+func TestFirstFrameReadToAHelloAtMost(t *testing.T) {
+	const body = 16 << 20
+	e := setup(t, remote.Policy{MaxMessage: body, Timeout: 300 * time.Millisecond})
+	header := binary.BigEndian.AppendUint32([]byte{byte(proto.TypeWrite), 0, 0, 0}, 16+body)
+	header = append(header, make([]byte, 8)...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 4 {
+		nc, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Write(header)
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, nc); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("the daemon did not end the connection: %v", err)
+		}
+		nc.Close()
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n >= body {
+		t.Errorf("4 first frames announcing %d-byte WRITEs made the server allocate %d bytes", body, n)
+	}
+}
+
+// Frames a peer sends right behind its hello, in the same segment, are
+// served: the hello is read alone, and the connection's reader gets the
+// rest.
+func TestHelloPipelined(t *testing.T) {
+	e := setup(t, remote.Policy{})
+	b, info := e.buffer(t, "/", 4096)
+	b.WriteAt([]byte("before"), 100)
+	var wire []byte
+	for _, f := range []proto.Frame{
+		{Type: proto.TypeHello, Version: proto.Version, Path: "/", Token: e.tok("/")},
+		{Type: proto.TypeRead, WRID: 1, IOVA: uint64(info.Addr) + 100, RKey: info.RKey, Length: 6},
+		{Type: proto.TypeWrite, WRID: 2, IOVA: uint64(info.Addr) + 100, RKey: info.RKey, Data: []byte("after!")},
+		{Type: proto.TypeRead, WRID: 3, IOVA: uint64(info.Addr) + 100, RKey: info.RKey, Length: 6},
+	} {
+		wire, _ = proto.Append(wire, f)
+	}
+	nc, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Write(wire); err != nil {
+		t.Fatal(err)
+	}
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r := proto.NewReader(nc, 1<<20)
+	want := []string{"HELLO_OK", "1 before", "2 ", "3 after!"}
+	for i, w := range want {
+		f, err := r.Next()
+		got := f.Type.String()
+		if f.Type == proto.TypeCompletion {
+			got = fmt.Sprintf("%d %s", f.WRID, f.Data)
+		}
+		if err != nil || got != w || f.Status != 0 {
+			t.Fatalf("reply %d: %q (status %d), %v; want %q", i, got, f.Status, err, w)
+		}
 	}
 }
