@@ -170,6 +170,21 @@ func (g *Gate) warn(v verdict, peer netip.Addr, why string) {
 	g.log.log.Warn("remote: refusing a source whose attempts keep failing", args...)
 }
 
+// Resolve finds the PD of the directory peer names with resolve. A
+// directory that is not there (ENOENT, ENOTDIR, what the peer is told)
+// counts as a failure of the peer's source: names are probed no faster
+// than tokens are guessed. The error wraps the errno to tell the peer.
+func (g *Gate) Resolve(peer netip.Addr, resolve Resolver, dir string) (*buffer.Domain, error) {
+	dom, err := resolve(dir)
+	if err == nil {
+		return dom, nil
+	}
+	if e := Errno(err, syscall.ENOENT); e == syscall.ENOENT || e == syscall.ENOTDIR {
+		g.Failed(peer, "directory")
+	}
+	return nil, fmt.Errorf("directory %q: %w", dir, err)
+}
+
 // CheckToken admits peer to dom only with dom's token: otherwise the
 // peer is refused with EACCES, before any queue pair exists, and the
 // failure counts against its source.

@@ -3,6 +3,7 @@ package remote
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -105,5 +106,35 @@ func TestPending(t *testing.T) {
 	p.Set(func(dir string) (*buffer.Domain, error) { return nil, syscall.ENOTDIR })
 	if _, err := p.Resolve("/x"); !errors.Is(err, syscall.ENOTDIR) {
 		t.Errorf("after Set: %v, want the resolver's ENOTDIR", err)
+	}
+}
+
+// A directory that is not there counts as a failure of the peer's
+// source network; one still mounting (EAGAIN) does not.
+func TestGateResolveCountsMissingDirectories(t *testing.T) {
+	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, MaxConns: 4, FailLimit: 3}, nil)
+	resolve := func(dir string) (*buffer.Domain, error) {
+		switch dir {
+		case "/file":
+			return nil, syscall.ENOTDIR
+		case "/mounting":
+			return nil, syscall.EAGAIN
+		}
+		return nil, fmt.Errorf("no directory %q: %w", dir, syscall.ENOENT)
+	}
+	peer := netip.MustParseAddr("10.0.0.5")
+	for _, dir := range []string{"/mounting", "/mounting", "/mounting", "/a", "/file"} {
+		if _, err := g.Resolve(peer, resolve, dir); err == nil || !strings.Contains(err.Error(), dir) {
+			t.Fatalf("Resolve %s: %v, want its error naming it", dir, err)
+		}
+	}
+	if _, err := g.Admit(peer); err != nil {
+		t.Fatalf("after two missing directories and three still mounting: %v", err)
+	}
+	if _, err := g.Resolve(peer, resolve, "/b"); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("Resolve /b: %v, want ENOENT", err)
+	}
+	if _, err := g.Admit(netip.MustParseAddr("10.0.0.6")); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("after three missing directories: %v, want EACCES", err)
 	}
 }

@@ -222,6 +222,9 @@ func (l *Listener) accept(ev ibv.Event) {
 	}
 	dir, tok, err := decodeConnect(ev.Private)
 	if err != nil {
+		if !errors.Is(err, errVersion) {
+			l.gate.Failed(peer.Addr(), "hello")
+		}
 		release()
 		reject(syscall.EPROTO, err.Error())
 		return
@@ -243,10 +246,10 @@ func (l *Listener) accept(ev ibv.Event) {
 		release()
 	}
 
-	dom, err := l.resolve(dir)
+	dom, err := l.gate.Resolve(peer.Addr(), l.resolve, dir)
 	if err != nil {
 		unreserve()
-		reject(remote.Errno(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
+		reject(remote.Errno(err, syscall.ENOENT), err.Error())
 		return
 	}
 	if err := l.gate.CheckToken(peer.Addr(), dir, dom, tok); err != nil {

@@ -91,6 +91,21 @@ func RunAdmission(t *testing.T, tr Transport) {
 		wantRefusal(t, dialOnce(t, tr, addr, "/", good), 0)
 	})
 
+	// Directories that are not there count as failures too: names are
+	// probed no faster than tokens are guessed.
+	t.Run("a source that keeps naming directories that are not there", func(t *testing.T) {
+		p := policy(4, self)
+		p.FailLimit = 3
+		addr := tr.Listen(t, p, resolve)
+		for _, c := range []struct {
+			dir  string
+			want syscall.Errno
+		}{{"/nope", syscall.ENOENT}, {"/file", syscall.ENOTDIR}, {"/nope", syscall.ENOENT}} {
+			wantRefusal(t, dialOnce(t, tr, addr, c.dir, good), c.want)
+		}
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EACCES)
+	})
+
 	t.Run("max_connections", func(t *testing.T) {
 		addr := tr.Listen(t, policy(1, self), resolve)
 		first := dial(t, tr, addr, "/", good)

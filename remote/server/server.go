@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -204,13 +205,20 @@ func (k *conn) hello() (detach func(), err error) {
 	var ve *proto.VersionError
 	switch {
 	case errors.As(err, &ve):
+		// Not a failure: an mrfs of another version.
 		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", ve.Version, proto.Version))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		k.s.gate.Failed(k.addr, "hello_timeout")
+		return nil, fmt.Errorf("no hello within %s (remote.timeout): %w", k.s.p.Timeout, err)
+	case errors.Is(err, proto.ErrProtocol):
+		k.s.gate.Failed(k.addr, "hello")
+		return nil, fmt.Errorf("read hello: %w", err)
 	case err != nil:
 		return nil, fmt.Errorf("read hello: %w", err)
 	}
-	dom, err := k.s.resolve(f.Path)
+	dom, err := k.s.gate.Resolve(k.addr, k.s.resolve, f.Path)
 	if err != nil {
-		return refuse(remote.Errno(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
+		return refuse(remote.Errno(err, syscall.ENOENT), err)
 	}
 	if err := k.s.gate.CheckToken(k.addr, f.Path, dom, f.Token); err != nil {
 		return refuse(syscall.EACCES, err)

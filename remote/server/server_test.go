@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +33,35 @@ type env struct {
 	doms map[string]*buffer.Domain
 	srv  *server.Server
 	addr string
+	log  *logBuffer // the server's log, at debug
+}
+
+// logBuffer is a log the test reads while the server writes it.
+type logBuffer struct {
+	mu  sync.Mutex // guards: buf
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitLog waits until the server's log holds n lines containing s.
+func (e *env) waitLog(t *testing.T, s string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); strings.Count(e.log.String(), s) < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server never logged %d lines with %q:\n%s", n, s, e.log)
+		}
+	}
 }
 
 // setup serves two PDs, "/" and "/b", of a soft device on loopback.
@@ -40,7 +72,7 @@ func setup(t testing.TB, opt remote.Policy) *env {
 		t.Fatal(err)
 	}
 	mgr := buffer.NewManager(dev, buffer.Options{Allowed: remoteAll}, nil)
-	e := &env{mgr: mgr, doms: map[string]*buffer.Domain{}}
+	e := &env{mgr: mgr, doms: map[string]*buffer.Domain{}, log: &logBuffer{}}
 	for _, name := range []string{"/", "/b"} {
 		d, err := mgr.NewDomain(remoteAll)
 		if err != nil {
@@ -70,7 +102,7 @@ func setup(t testing.TB, opt remote.Policy) *env {
 			return d, nil
 		}
 		return nil, syscall.ENOENT
-	}, nil)
+	}, slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	t.Cleanup(func() {
 		e.srv.Close()
 		mgr.Close()
@@ -408,5 +440,67 @@ func TestHelloPipelined(t *testing.T) {
 		if err != nil || got != w || f.Status != 0 {
 			t.Fatalf("reply %d: %q (status %d), %v; want %q", i, got, f.Status, err, w)
 		}
+	}
+}
+
+// What a peer does wrong before its hello is accepted counts against its
+// source, as a wrong token does: hellos that do not come in time, first
+// frames that are not a HELLO or break the format, directories that are
+// not there. A HELLO of another version (an mrfs peer) and a connection
+// closed before saying anything do not count.
+func TestHelloFailuresCount(t *testing.T) {
+	raw := func(t *testing.T, e *env, send []byte) {
+		nc, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.Write(send)
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, nc); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("the server kept the connection: %v", err)
+		}
+	}
+	v99, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: 99, Path: "/"})
+	read, _ := proto.Append(nil, proto.Frame{Type: proto.TypeRead, Length: 8})
+	for _, c := range []struct {
+		name   string
+		fail   func(t *testing.T, e *env)
+		counts bool
+	}{
+		{"a hello that does not come in time", func(t *testing.T, e *env) { raw(t, e, nil) }, true},
+		{"half a hello in time", func(t *testing.T, e *env) { raw(t, e, []byte{byte(proto.TypeHello), 0, 0}) }, true},
+		{"a first frame that is not a HELLO", func(t *testing.T, e *env) { raw(t, e, read) }, true},
+		{"garbage", func(t *testing.T, e *env) { raw(t, e, []byte("GET / HTTP/1.1\r\n\r\n")) }, true},
+		{"a directory that is not there", func(t *testing.T, e *env) {
+			if err := dialErr(e, "/nope"); !errors.Is(err, syscall.ENOENT) {
+				t.Errorf("dial /nope: %v, want ENOENT", err)
+			}
+		}, true},
+		{"another version", func(t *testing.T, e *env) { raw(t, e, v99) }, false},
+		{"closed at once", func(t *testing.T, e *env) {
+			nc, err := net.Dial("tcp", e.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nc.Close()
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setup(t, remote.Policy{FailLimit: 2, Timeout: 200 * time.Millisecond})
+			c.fail(t, e)
+			c.fail(t, e)
+			e.waitLog(t, "hello failed", 2)
+			err := dialErr(e, "/")
+			if !c.counts {
+				if err != nil {
+					t.Errorf("after two: %v, want admitted", err)
+				}
+				return
+			}
+			if !errors.Is(err, syscall.EACCES) {
+				t.Errorf("after two: %v, want a refusal with EACCES", err)
+			}
+		})
 	}
 }
