@@ -37,8 +37,8 @@ type remoteAccess struct {
 // policy is [remote] as the transports apply it, reporting to ev.
 func policy(cfg config.Remote, ev remote.Events) remote.Policy {
 	return remote.Policy{
-		AllowFrom:  cfg.AllowFrom,
-		MaxConns:   cfg.MaxConnections,
+		AllowFrom:    cfg.AllowFrom,
+		MaxConns:     cfg.MaxConnections,
 		FailLimit:    failLimit(cfg.MaxFailures),
 		FailPrefixV4: cfg.FailurePrefixV4,
 		FailPrefixV6: cfg.FailurePrefixV6,
