@@ -23,9 +23,9 @@ func TestGateRefusesASourceThatKeepsFailing(t *testing.T) {
 		FailLimit: 3, FailBlock: 300 * time.Millisecond}, slog.New(slog.NewTextHandler(&log, nil)))
 	bad, neighbour, good := netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.1.10")
 	admit := func(peer netip.Addr) error {
-		release, err := g.Admit(peer)
+		a, err := g.Admit(peer, nil)
 		if err == nil {
-			release()
+			a.Done()
 		}
 		return err
 	}
@@ -161,15 +161,12 @@ func TestGateFullTable(t *testing.T) {
 	g.Failed(netip.MustParseAddr("10.0.1.1"), "directory")
 	g.Failed(netip.MustParseAddr("10.0.2.1"), "hello")
 	for _, p := range []string{"10.0.3.1", "10.0.4.1"} {
-		if _, err := g.Admit(netip.MustParseAddr(p)); !errors.Is(err, syscall.EACCES) || !strings.Contains(err.Error(), p[:len(p)-1]+"0/24") {
+		if _, err := g.Admit(netip.MustParseAddr(p), nil); !errors.Is(err, syscall.EACCES) || !strings.Contains(err.Error(), p[:len(p)-1]+"0/24") {
 			t.Errorf("%s with the table full: %v, want EACCES naming its network", p, err)
 		}
 	}
-	release, err := g.Admit(netip.MustParseAddr("10.0.1.7"))
-	if err != nil {
+	if _, err := g.Admit(netip.MustParseAddr("10.0.1.7"), nil); err != nil {
 		t.Errorf("a network in the table, not refused: %v", err)
-	} else {
-		release()
 	}
 	if n := strings.Count(log.String(), "too many failing networks"); n != 1 || !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "network=10.0.2.0/24") {
 		t.Errorf("want one warn line naming 10.0.2.0/24, got:\n%s", log.String())
@@ -213,7 +210,7 @@ func ExampleGate_Failed() {
 	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, MaxConns: 1, FailLimit: 2}, nil)
 	g.Failed(netip.MustParseAddr("127.1.2.3"), "token")
 	g.Failed(netip.MustParseAddr("127.1.2.4"), "directory")
-	_, err := g.Admit(netip.MustParseAddr("127.1.2.5"))
+	_, err := g.Admit(netip.MustParseAddr("127.1.2.5"), nil)
 	fmt.Println(err)
 	// Output: peer 127.1.2.5: too many failed attempts from 127.1.2.0/24; refused for a while: permission denied
 }

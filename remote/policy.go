@@ -18,8 +18,14 @@ type Policy struct {
 	// AllowFrom are the networks peers may connect from; empty admits
 	// nobody.
 	AllowFrom []netip.Prefix
-	// MaxConns bounds the connections at once (at least 1).
+	// MaxConns bounds the connections at once whose hello and token were
+	// accepted (at least 1).
 	MaxConns int
+	// MaxPending bounds the connections still saying hello (0: 32): past
+	// it the oldest is closed to make room for the newest, which counts
+	// as a failure of its source. Apart from max_connections, so that
+	// sockets that never say hello cannot keep peers that do out.
+	MaxPending int
 	// MaxMessage is the largest READ or WRITE, and Timeout bounds a hello,
 	// a started frame and each reply. The soft transport enforces both;
 	// over rdma_cm the NIC's own limits apply.
@@ -68,17 +74,55 @@ func (p Policy) Allows(addr netip.Addr) bool {
 	return false
 }
 
-// Gate admits connections to one listener by its Policy and counts them.
-type Gate struct {
-	p     Policy
-	log   *PeerLog
-	ev    Events
-	fails *failures
+// maxPending is Policy.MaxPending's default: enough for a burst of peers
+// connecting at once, small enough that what a pending connection holds
+// (a goroutine, a hello-sized frame) stays small.
+const maxPending = 32
 
-	mu     sync.Mutex // guards: conns, closed
-	conns  int
-	closed bool
+// Gate admits connections to one listener by its Policy and counts them,
+// in two phases, in the order every transport applies:
+//
+//  1. at connect, before anything of the peer's is read (Admit):
+//     allow_from (EACCES), a source network refused after repeated
+//     failures (EACCES), shutting down (ESHUTDOWN), every max_connections
+//     slot held by an accepted connection (EBUSY); the connection then
+//     holds a pending place, and the oldest pending connection is closed
+//     if there are MaxPending already;
+//  2. after the hello names a directory (ENOENT, ENOTDIR: Resolve) and
+//     presents its token (EACCES: CheckToken), the connection takes a
+//     max_connections slot (Admission.Accept: EBUSY if they filled
+//     meanwhile, ESHUTDOWN).
+type Gate struct {
+	p          Policy
+	log        *PeerLog
+	ev         Events
+	fails      *failures
+	maxPending int
+
+	mu      sync.Mutex // guards: conns, closed, pending and every Admission's state
+	conns   int
+	closed  bool
+	pending []*Admission // oldest first
 }
+
+// Admission is a connection admitted at connect (Gate.Admit) whose hello
+// has not been accepted yet: it holds a pending place, not a
+// max_connections slot, until Accept or Done.
+type Admission struct {
+	g     *Gate
+	peer  netip.Addr
+	evict func() // closes the connection to make room; nil: nothing to close
+	state admissionState
+}
+
+type admissionState int
+
+const (
+	admPending  admissionState = iota
+	admEvicted                 // closed to make room for a newer one
+	admAccepted                // holds a max_connections slot
+	admDone                    // left without one
+)
 
 // NewGate applies p; refusals are logged to log (rate-limited, PeerLog).
 func NewGate(p Policy, log *slog.Logger) *Gate {
@@ -86,7 +130,11 @@ func NewGate(p Policy, log *slog.Logger) *Gate {
 	if ev == nil {
 		ev = noEvents{}
 	}
-	return &Gate{p: p, log: NewPeerLog(log), ev: ev, fails: newFailures(p)}
+	n := p.MaxPending
+	if n <= 0 {
+		n = maxPending
+	}
+	return &Gate{p: p, log: NewPeerLog(log), ev: ev, fails: newFailures(p), maxPending: n}
 }
 
 // Events is where the gate's transport reports (never nil).
@@ -98,13 +146,13 @@ func (g *Gate) Policy() Policy { return g.p }
 // Log is the gate's rate-limited log of peer-caused events.
 func (g *Gate) Log() *PeerLog { return g.log }
 
-// Admit decides whether a new connection from peer may proceed, in the
-// order every transport applies: allow_from (EACCES), shutting down
-// (ESHUTDOWN), max_connections (EBUSY). It is called before anything of the
-// peer's is read or allocated. On success the connection holds a slot
-// until it calls release (once); the error wraps the errno to tell the
-// peer.
-func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
+// Admit is the first phase (see Gate): whether a new connection from
+// peer may say its hello. It is called before anything of the peer's is
+// read or allocated. On success the connection holds a pending place
+// until Accept or Done; evict (nil: none) closes it should the gate need
+// its place for a newer connection, and is called without the gate's
+// lock. The error wraps the errno to tell the peer.
+func (g *Gate) Admit(peer netip.Addr, evict func()) (*Admission, error) {
 	if !g.p.Allows(peer) {
 		g.ev.Refused("allow_from")
 		g.log.Event("allow_from", "remote: peer not in allow_from; refused", "peer", peer.String())
@@ -119,16 +167,63 @@ func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 		return nil, fmt.Errorf("peer %s: too many failed attempts from %s; refused for a while: %w", peer, v.net, syscall.EACCES)
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	if err := g.fullLocked(peer); err != nil {
+		g.mu.Unlock()
+		return nil, err
+	}
+	var oldest *Admission
+	if len(g.pending) >= g.maxPending {
+		oldest = g.pending[0]
+		oldest.state = admEvicted
+		g.pending = g.pending[1:]
+	}
+	a := &Admission{g: g, peer: peer, evict: evict}
+	g.pending = append(g.pending, a)
+	g.mu.Unlock()
+	if oldest != nil {
+		g.Failed(oldest.peer, "pending")
+		if oldest.evict != nil {
+			oldest.evict()
+		}
+	}
+	return a, nil
+}
+
+// fullLocked refuses a connection when the gate is closed or every slot
+// is taken.
+func (g *Gate) fullLocked(peer netip.Addr) error {
 	switch {
 	case g.closed:
 		g.ev.Refused("shutdown")
-		return nil, fmt.Errorf("mrfs is shutting down: %w", syscall.ESHUTDOWN)
+		return fmt.Errorf("mrfs is shutting down: %w", syscall.ESHUTDOWN)
 	case g.conns >= g.p.MaxConns:
 		g.ev.Refused("max_connections")
 		g.log.Event("max_connections", "remote: max_connections reached; peer refused", "peer", peer.String(), "max_connections", g.p.MaxConns)
-		return nil, fmt.Errorf("too many connections (max_connections = %d): %w", g.p.MaxConns, syscall.EBUSY)
+		return fmt.Errorf("too many connections (max_connections = %d): %w", g.p.MaxConns, syscall.EBUSY)
 	}
+	return nil
+}
+
+// Accept is the second phase (see Gate), once the connection's hello and
+// token are accepted: it leaves its pending place for a max_connections
+// slot, which it holds until it calls release (once). The error wraps
+// the errno to tell the peer: EBUSY when the slots filled while it said
+// hello, or when it was closed to make room; ESHUTDOWN.
+func (a *Admission) Accept() (release func(), err error) {
+	g := a.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch a.state {
+	case admEvicted:
+		return nil, fmt.Errorf("closed to make room for newer connections (more than %d saying hello at once): %w", g.maxPending, syscall.EBUSY)
+	case admAccepted, admDone:
+		return nil, fmt.Errorf("admission of %s already used: %w", a.peer, syscall.EINVAL)
+	}
+	g.leaveLocked(a)
+	if err := g.fullLocked(a.peer); err != nil {
+		return nil, err
+	}
+	a.state = admAccepted
 	g.conns++
 	g.ev.Admitted()
 	var once sync.Once
@@ -140,6 +235,28 @@ func (g *Gate) Admit(peer netip.Addr) (release func(), err error) {
 			g.ev.Released()
 		})
 	}, nil
+}
+
+// Done gives back a pending place that Accept did not take (the hello
+// failed or was refused). It may be called any number of times, also
+// after Accept, which it leaves alone.
+func (a *Admission) Done() {
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	if a.state == admPending {
+		a.g.leaveLocked(a)
+	}
+}
+
+// leaveLocked takes a pending a out of the queue, as done.
+func (g *Gate) leaveLocked(a *Admission) {
+	for i, p := range g.pending {
+		if p == a {
+			g.pending = append(g.pending[:i], g.pending[i+1:]...)
+			break
+		}
+	}
+	a.state = admDone
 }
 
 // Failed counts a failure of peer's source network (why: "token",
@@ -197,11 +314,19 @@ func (g *Gate) CheckToken(peer netip.Addr, dir string, dom *buffer.Domain, token
 	return fmt.Errorf("wrong token for %q (user.mrfs.token of the directory): %w", dir, syscall.EACCES)
 }
 
-// Conns is the number of admitted connections not yet released.
+// Conns is the number of accepted connections not yet released.
 func (g *Gate) Conns() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.conns
+}
+
+// Pending is the number of connections admitted at connect whose hello
+// is not accepted yet.
+func (g *Gate) Pending() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.pending)
 }
 
 // Close refuses every later Admit (ESHUTDOWN).

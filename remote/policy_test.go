@@ -33,12 +33,10 @@ func TestGate(t *testing.T) {
 			p.AllowFrom = append(p.AllowFrom, netip.MustParsePrefix(s))
 		}
 		p.MaxConns = 1
-		release, err := NewGate(p, nil).Admit(c.peer)
+		_, err := NewGate(p, nil).Admit(c.peer, nil)
 		if c.want == 0 {
 			if err != nil {
 				t.Errorf("%s: %v", c.name, err)
-			} else {
-				release()
 			}
 		} else if !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %s", c.name, err, c.want)
@@ -46,15 +44,25 @@ func TestGate(t *testing.T) {
 	}
 }
 
+// accept takes a connection from peer through both phases.
+func accept(g *Gate, peer netip.Addr) (release func(), err error) {
+	a, err := g.Admit(peer, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer a.Done()
+	return a.Accept()
+}
+
 func TestGateMaxConnsAndClose(t *testing.T) {
 	lo := netip.MustParseAddr("127.0.0.1")
 	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, MaxConns: 2}, nil)
-	r1, err1 := g.Admit(lo)
-	r2, err2 := g.Admit(lo)
-	if err1 != nil || err2 != nil || g.Conns() != 2 {
-		t.Fatalf("two admits: %v %v, conns %d", err1, err2, g.Conns())
+	r1, err1 := accept(g, lo)
+	r2, err2 := accept(g, lo)
+	if err1 != nil || err2 != nil || g.Conns() != 2 || g.Pending() != 0 {
+		t.Fatalf("two accepts: %v %v, conns %d, pending %d", err1, err2, g.Conns(), g.Pending())
 	}
-	if _, err := g.Admit(lo); !errors.Is(err, syscall.EBUSY) {
+	if _, err := g.Admit(lo, nil); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("third admit: %v, want EBUSY", err)
 	}
 	r1()
@@ -62,18 +70,73 @@ func TestGateMaxConnsAndClose(t *testing.T) {
 	if g.Conns() != 1 {
 		t.Errorf("conns %d after one release", g.Conns())
 	}
-	r3, err := g.Admit(lo)
+	r3, err := accept(g, lo)
 	if err != nil {
-		t.Fatalf("admit after a release: %v", err)
+		t.Fatalf("accept after a release: %v", err)
 	}
-	if _, err := g.Admit(lo); !errors.Is(err, syscall.EBUSY) {
+	if _, err := g.Admit(lo, nil); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("admit past max again: %v, want EBUSY", err)
 	}
 	r2()
 	r3()
 	g.Close()
-	if _, err := g.Admit(lo); !errors.Is(err, syscall.ESHUTDOWN) {
+	if _, err := g.Admit(lo, nil); !errors.Is(err, syscall.ESHUTDOWN) {
 		t.Errorf("admit after Close: %v, want ESHUTDOWN", err)
+	}
+}
+
+// Connections still saying hello take no max_connections slot: they are
+// bounded apart, and past that bound the oldest is closed to make room,
+// which counts as a failure of its source. Only an accepted hello takes a
+// slot, and is told EBUSY if they filled meanwhile.
+func TestGateTwoPhases(t *testing.T) {
+	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, MaxConns: 1, MaxPending: 2, FailLimit: 2}, nil)
+	idle, good := netip.MustParseAddr("10.0.7.1"), netip.MustParseAddr("10.0.0.1")
+	var closed []int
+	admit := func(peer netip.Addr, n int) *Admission {
+		t.Helper()
+		a, err := g.Admit(peer, func() { closed = append(closed, n) })
+		if err != nil {
+			t.Fatalf("admit %d: %v", n, err)
+		}
+		return a
+	}
+	a1, a2 := admit(idle, 1), admit(idle, 2)
+	a3 := admit(good, 3)
+	if len(closed) != 1 || closed[0] != 1 || g.Pending() != 2 || g.Conns() != 0 {
+		t.Fatalf("a third connection saying hello with 2 allowed: closed %v, pending %d, conns %d; want 1 closed (the oldest), 2, 0", closed, g.Pending(), g.Conns())
+	}
+	if _, err := a1.Accept(); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("the closed one's hello: %v, want EBUSY", err)
+	}
+	a1.Done()
+	release, err := a3.Accept()
+	if err != nil || g.Conns() != 1 || g.Pending() != 1 {
+		t.Fatalf("accept: %v, conns %d, pending %d", err, g.Conns(), g.Pending())
+	}
+	a3.Done() // leaves the slot alone
+	if g.Conns() != 1 {
+		t.Errorf("Done after Accept gave the slot back")
+	}
+	if _, err := a2.Accept(); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("a hello accepted with every slot taken meanwhile: %v, want EBUSY", err)
+	}
+	if g.Pending() != 0 {
+		t.Errorf("pending %d after every hello ended", g.Pending())
+	}
+	if _, err := g.Admit(good, nil); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("a connection with every slot taken: %v, want EBUSY at once", err)
+	}
+	release()
+	// One failure of 10.0.7.0/24 so far (1 closed); one more refuses it.
+	admit(idle, 4)
+	admit(idle, 5)
+	admit(good, 6)
+	if _, err := g.Admit(idle, nil); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("after two of its connections were closed to make room: %v, want EACCES", err)
+	}
+	if len(closed) != 2 || closed[1] != 4 {
+		t.Errorf("closed %v, want 1 and 4", closed)
 	}
 }
 
@@ -128,13 +191,13 @@ func TestGateResolveCountsMissingDirectories(t *testing.T) {
 			t.Fatalf("Resolve %s: %v, want its error naming it", dir, err)
 		}
 	}
-	if _, err := g.Admit(peer); err != nil {
+	if _, err := g.Admit(peer, nil); err != nil {
 		t.Fatalf("after two missing directories and three still mounting: %v", err)
 	}
 	if _, err := g.Resolve(peer, resolve, "/b"); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("Resolve /b: %v, want ENOENT", err)
 	}
-	if _, err := g.Admit(netip.MustParseAddr("10.0.0.6")); !errors.Is(err, syscall.EACCES) {
+	if _, err := g.Admit(netip.MustParseAddr("10.0.0.6"), nil); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("after three missing directories: %v, want EACCES", err)
 	}
 }

@@ -113,7 +113,8 @@ type Remote struct {
 	// AllowFrom (remote.allow_from) are the networks peers may connect
 	// from; others are closed on accept. Default: loopback only.
 	AllowFrom []netip.Prefix
-	// MaxConnections (remote.max_connections) bounds connected peers.
+	// MaxConnections (remote.max_connections) bounds the peers whose
+	// hello and token were accepted.
 	MaxConnections int
 	// MaxFailures (remote.max_failures) is how many failed attempts
 	// (wrong tokens, unknown directories, hellos that break the format or
