@@ -21,10 +21,11 @@ type Policy struct {
 	// MaxConns bounds the connections at once whose hello and token were
 	// accepted (at least 1).
 	MaxConns int
-	// MaxPending bounds the connections still saying hello (0: 32): past
-	// it the oldest is closed to make room for the newest, which counts
-	// as a failure of its source. Apart from max_connections, so that
-	// sockets that never say hello cannot keep peers that do out.
+	// MaxPending bounds the connections still saying hello (0: 128): past
+	// it the oldest of those whose hello has not arrived is closed to make
+	// room for the newest, which counts as a failure of its source. Apart
+	// from max_connections, so that sockets that never say hello cannot
+	// keep peers that do out.
 	MaxPending int
 	// MaxMessage is the largest READ or WRITE, and Timeout bounds a hello,
 	// a started frame and each reply. The soft transport enforces both;
@@ -74,10 +75,11 @@ func (p Policy) Allows(addr netip.Addr) bool {
 	return false
 }
 
-// maxPending is Policy.MaxPending's default: enough for a burst of peers
-// connecting at once, small enough that what a pending connection holds
-// (a goroutine, a hello-sized frame) stays small.
-const maxPending = 32
+// maxPending is Policy.MaxPending's default: twice max_connections'
+// default, so that a burst of peers connecting at once is not taken for
+// idle sockets, and small enough that what pending connections hold (a
+// goroutine and at most a hello-sized frame each) stays about 2 MiB.
+const maxPending = 128
 
 // Gate admits connections to one listener by its Policy and counts them,
 // in two phases, in the order every transport applies:
@@ -86,8 +88,8 @@ const maxPending = 32
 //     allow_from (EACCES), a source network refused after repeated
 //     failures (EACCES), shutting down (ESHUTDOWN), every max_connections
 //     slot held by an accepted connection (EBUSY); the connection then
-//     holds a pending place, and the oldest pending connection is closed
-//     if there are MaxPending already;
+//     holds a pending place, and if there are MaxPending already one is
+//     closed to make room (Admit says which);
 //  2. after the hello names a directory (ENOENT, ENOTDIR: Resolve) and
 //     presents its token (EACCES: CheckToken), the connection takes a
 //     max_connections slot (Admission.Accept: EBUSY if they filled
@@ -99,7 +101,7 @@ type Gate struct {
 	fails      *failures
 	maxPending int
 
-	mu      sync.Mutex // guards: conns, closed, pending and every Admission's state
+	mu      sync.Mutex // guards: conns, closed, pending and every Admission's state and heard
 	conns   int
 	closed  bool
 	pending []*Admission // oldest first
@@ -111,8 +113,20 @@ type Gate struct {
 type Admission struct {
 	g     *Gate
 	peer  netip.Addr
-	evict func() // closes the connection to make room; nil: nothing to close
+	conn  PendingConn // nil: nothing to close
 	state admissionState
+	heard bool // the transport read its hello (Heard)
+}
+
+// PendingConn is what the gate needs of a connection still saying
+// hello, to make room for a newer one.
+type PendingConn interface {
+	// HelloWaiting reports whether the connection's first frame has
+	// arrived whole and waits to be read: its transport is about to
+	// serve it. It must not block.
+	HelloWaiting() bool
+	// Close ends the connection; a hello read in progress fails.
+	Close() error
 }
 
 type admissionState int
@@ -149,10 +163,14 @@ func (g *Gate) Log() *PeerLog { return g.log }
 // Admit is the first phase (see Gate): whether a new connection from
 // peer may say its hello. It is called before anything of the peer's is
 // read or allocated. On success the connection holds a pending place
-// until Accept or Done; evict (nil: none) closes it should the gate need
-// its place for a newer connection, and is called without the gate's
-// lock. The error wraps the errno to tell the peer.
-func (g *Gate) Admit(peer netip.Addr, evict func()) (*Admission, error) {
+// until Accept or Done. With MaxPending places taken already, one
+// connection is closed to make room, a failure of its source: the
+// oldest of those whose hello has neither arrived whole nor been read
+// (idle sockets, trickled hellos), else the oldest. Preferring those
+// keeps a flood of new connections from closing a peer's hello that
+// only waits for the CPU. conn (nil: nothing to close) is the new
+// connection. The error wraps the errno to tell the peer.
+func (g *Gate) Admit(peer netip.Addr, conn PendingConn) (*Admission, error) {
 	if !g.p.Allows(peer) {
 		g.ev.Refused("allow_from")
 		g.log.Event("allow_from", "remote: peer not in allow_from; refused", "peer", peer.String())
@@ -171,19 +189,25 @@ func (g *Gate) Admit(peer netip.Addr, evict func()) (*Admission, error) {
 		g.mu.Unlock()
 		return nil, err
 	}
-	var oldest *Admission
+	var victim *Admission
 	if len(g.pending) >= g.maxPending {
-		oldest = g.pending[0]
-		oldest.state = admEvicted
-		g.pending = g.pending[1:]
+		victim = g.pending[0]
+		for _, p := range g.pending {
+			if !p.heard && (p.conn == nil || !p.conn.HelloWaiting()) {
+				victim = p
+				break
+			}
+		}
+		g.leaveLocked(victim)
+		victim.state = admEvicted
 	}
-	a := &Admission{g: g, peer: peer, evict: evict}
+	a := &Admission{g: g, peer: peer, conn: conn}
 	g.pending = append(g.pending, a)
 	g.mu.Unlock()
-	if oldest != nil {
-		g.Failed(oldest.peer, "pending")
-		if oldest.evict != nil {
-			oldest.evict()
+	if victim != nil {
+		g.Failed(victim.peer, "pending")
+		if victim.conn != nil {
+			victim.conn.Close()
 		}
 	}
 	return a, nil
@@ -235,6 +259,14 @@ func (a *Admission) Accept() (release func(), err error) {
 			g.ev.Released()
 		})
 	}, nil
+}
+
+// Heard says the transport read the connection's hello: the gate then
+// closes it to make room only if every pending connection is as far.
+func (a *Admission) Heard() {
+	a.g.mu.Lock()
+	a.heard = true
+	a.g.mu.Unlock()
 }
 
 // Done gives back a pending place that Accept did not take (the hello

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,6 +86,19 @@ func TestGateMaxConnsAndClose(t *testing.T) {
 	}
 }
 
+// fakeConn is a pending connection that records its closing.
+type fakeConn struct {
+	n       int
+	closed  *[]int
+	waiting bool // its hello has arrived whole
+}
+
+func (c *fakeConn) HelloWaiting() bool { return c.waiting }
+func (c *fakeConn) Close() error {
+	*c.closed = append(*c.closed, c.n)
+	return nil
+}
+
 // Connections still saying hello take no max_connections slot: they are
 // bounded apart, and past that bound the oldest is closed to make room,
 // which counts as a failure of its source. Only an accepted hello takes a
@@ -95,7 +109,7 @@ func TestGateTwoPhases(t *testing.T) {
 	var closed []int
 	admit := func(peer netip.Addr, n int) *Admission {
 		t.Helper()
-		a, err := g.Admit(peer, func() { closed = append(closed, n) })
+		a, err := g.Admit(peer, &fakeConn{n: n, closed: &closed})
 		if err != nil {
 			t.Fatalf("admit %d: %v", n, err)
 		}
@@ -137,6 +151,34 @@ func TestGateTwoPhases(t *testing.T) {
 	}
 	if len(closed) != 2 || closed[1] != 4 {
 		t.Errorf("closed %v, want 1 and 4", closed)
+	}
+}
+
+// To make room the gate closes the oldest connection whose hello has
+// neither arrived whole nor been read, and the oldest only when every one
+// has: a hello that waits for the CPU is not lost to a flood.
+func TestGateMakesRoomWithTheIdle(t *testing.T) {
+	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, MaxConns: 8, MaxPending: 3}, nil)
+	var closed []int
+	admit := func(n int, waiting bool) *Admission {
+		t.Helper()
+		a, err := g.Admit(netip.AddrFrom4([4]byte{10, 0, byte(n), 1}), &fakeConn{n: n, closed: &closed, waiting: waiting})
+		if err != nil {
+			t.Fatalf("admit %d: %v", n, err)
+		}
+		return a
+	}
+	admit(1, true)          // its hello waits in the socket
+	admit(2, false).Heard() // its hello is being read
+	admit(3, false)         // idle
+	admit(4, false)
+	admit(5, true)
+	if want := []int{3, 4}; !slices.Equal(closed, want) {
+		t.Errorf("closed %v, want %v: the idle ones, oldest first", closed, want)
+	}
+	admit(6, true)
+	if want := []int{3, 4, 1}; !slices.Equal(closed, want) {
+		t.Errorf("closed %v, want %v: the oldest, when every hello has arrived", closed, want)
 	}
 }
 

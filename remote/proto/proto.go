@@ -348,6 +348,12 @@ func ReadHello(r io.Reader) (Frame, error) {
 	return parseBody(h, body)
 }
 
+// FrameSize is the size, header included, of the frame whose header b
+// holds (at least HeaderSize bytes), as its body length announces it.
+func FrameSize(b []byte) int64 {
+	return HeaderSize + int64(binary.BigEndian.Uint32(b[4:]))
+}
+
 // Reader reads frames from a stream, reusing one body buffer. The buffer
 // grows only after a header has passed bodyLimit, so a hostile length
 // costs nothing.

@@ -31,6 +31,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"mrfs/remote"
 	"mrfs/remote/proto"
 	"mrfs/verbs"
@@ -115,8 +117,7 @@ func (s *Server) admit(c net.Conn) {
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		addr = ta.AddrPort().Addr()
 	}
-	// Closing the socket ends a hello read in progress.
-	a, err := s.gate.Admit(addr, func() { c.Close() })
+	a, err := s.gate.Admit(addr, pendingConn{c})
 	if err == nil {
 		s.mu.Lock()
 		if s.closed {
@@ -155,6 +156,35 @@ func (s *Server) admit(c net.Conn) {
 		}()
 		s.serve(c, a)
 	}()
+}
+
+// pendingConn is a connection still saying hello, as the gate sees it.
+// Closing it ends a hello read in progress.
+type pendingConn struct{ net.Conn }
+
+// HelloWaiting peeks at the socket: whether the first frame, as long as
+// its header says, has arrived whole. The connection's goroutine may be
+// reading it meanwhile; a peek takes nothing from it.
+func (p pendingConn) HelloWaiting() bool {
+	sc, ok := p.Conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	waiting := false
+	rc.Control(func(fd uintptr) {
+		var hdr [proto.HeaderSize]byte
+		n, _, err := unix.Recvfrom(int(fd), hdr[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		if err != nil || n < len(hdr) {
+			return
+		}
+		queued, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		waiting = err == nil && int64(queued) >= proto.FrameSize(hdr[:])
+	})
+	return waiting
 }
 
 // conn is one peer's queue pair.
@@ -225,6 +255,7 @@ func (k *conn) hello(a *remote.Admission) (release, detach func(), err error) {
 		// (and counted it).
 		return nil, nil, fmt.Errorf("read hello: %w", err)
 	}
+	a.Heard()
 	dom, err := k.s.gate.Resolve(k.addr, k.s.resolve, f.Path)
 	if err != nil {
 		return refuse(remote.Errno(err, syscall.ENOENT), err)
