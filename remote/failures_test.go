@@ -214,3 +214,30 @@ func ExampleGate_Failed() {
 	fmt.Println(err)
 	// Output: peer 127.1.2.5: too many failed attempts from 127.1.2.0/24; refused for a while: permission denied
 }
+
+// A network that failed within the window is not forgotten to make room
+// either, even when it is not refused; once its failures are older than
+// the window it may go.
+func TestFailuresKeepRecentNetworks(t *testing.T) {
+	f := newFailures(Policy{FailLimit: 3, FailWindow: time.Minute})
+	f.max = 2
+	a, b, c := netip.MustParseAddr("10.0.1.1"), netip.MustParseAddr("10.0.2.1"), netip.MustParseAddr("10.0.3.1")
+	t0 := time.Now()
+	f.failed(a, t0)
+	f.failed(b, t0.Add(time.Second))
+	if v := f.failed(c, t0.Add(30*time.Second)); !v.refused || !v.full {
+		t.Errorf("a third network while two failed within the minute: %+v, want refused (full)", v)
+	}
+	f.failed(a, t0.Add(40*time.Second)) // a is the newest now
+	f.failed(a, t0.Add(62*time.Second))
+	if v := f.failed(c, t0.Add(62*time.Second)); v.refused {
+		t.Errorf("once b's failure is past the window: %+v, want room made", v)
+	}
+	if _, ok := f.sources[f.network(b)]; ok {
+		t.Error("b, quiet for the window, was kept while a, failing within it, was not")
+	}
+	f.failed(a, t0.Add(63*time.Second))
+	if !f.refused(a, t0.Add(63*time.Second)).refused {
+		t.Error("a's failures were forgotten: 3 within the minute (at 40 s, 62 s, 63 s) do not refuse it")
+	}
+}
