@@ -116,18 +116,21 @@ func TestHostilePeersAdmission(t *testing.T) {
 	// 10,000 guesses from 127.50.N.H, N < 100, H rotating.
 	idleStop := make(chan struct{})
 	var idleConns, idleClosed atomic.Int64
-	var idle sync.WaitGroup
+	var idle, idleUp sync.WaitGroup
+	idleUp.Add(64)
 	for n := range 64 {
 		idle.Go(func() {
 			// Each renews its socket every hold, the 64 spread over it.
 			time.Sleep(time.Duration(n) * timeout * 4 / 5 / 64)
+			up := sync.OnceFunc(idleUp.Done)
+			defer up()
 			for {
 				select {
 				case <-idleStop:
 					return
 				default:
 				}
-				closed, err := idleSocket(peer, fmt.Sprintf("127.20.%d.1", n), timeout*4/5)
+				closed, err := idleSocket(peer, fmt.Sprintf("127.20.%d.1", n), timeout*4/5, up)
 				if err != nil {
 					t.Errorf("idle socket from 127.20.%d.1: %v", n, err)
 					return
@@ -139,6 +142,8 @@ func TestHostilePeersAdmission(t *testing.T) {
 			}
 		})
 	}
+	idleUp.Wait() // all 64 held before the guesses start
+	during("the idle sockets", 3)
 	const guesses, networks, workers = 10000, 100, 8
 	var refused, closedEarly, wrong atomic.Int64
 	var next atomic.Int64
@@ -168,7 +173,7 @@ func TestHostilePeersAdmission(t *testing.T) {
 	if rounds.Load() == start {
 		t.Error("the legitimate peer did no round during the guesses")
 	}
-	during("the idle sockets", 3)
+	during("the idle sockets and the guesses", 3)
 	close(idleStop)
 	idle.Wait()
 	close(stop)
@@ -266,16 +271,18 @@ func hostileSend(peer, src string, first []byte) (proto.Type, error) {
 	return proto.Type(answer[0]), nil
 }
 
-// idleSocket connects from src, says nothing, and closes after hold
-// unless the daemon closed it first (closed). It returns after hold
-// either way, so that a socket is renewed at most once per hold.
-func idleSocket(peer, src string, hold time.Duration) (closed bool, err error) {
+// idleSocket connects from src, calls connected, says nothing, and
+// closes after hold unless the daemon closed it first (closed). It
+// returns after hold either way, so that a socket is renewed at most once
+// per hold.
+func idleSocket(peer, src string, hold time.Duration, connected func()) (closed bool, err error) {
 	start := time.Now()
 	nc, err := dialFrom(peer, src)
 	if err != nil {
 		return false, err
 	}
 	defer nc.Close()
+	connected()
 	nc.SetReadDeadline(start.Add(hold))
 	_, err = io.Copy(io.Discard, nc)
 	closed = !errors.Is(err, os.ErrDeadlineExceeded)
