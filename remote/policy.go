@@ -75,11 +75,12 @@ func (p Policy) Allows(addr netip.Addr) bool {
 	return false
 }
 
-// maxPending is Policy.MaxPending's default: twice max_connections'
-// default, so that a burst of peers connecting at once is not taken for
-// idle sockets, and small enough that what pending connections hold (a
-// goroutine and at most a hello-sized frame each) stays about 2 MiB.
-const maxPending = 128
+// DefaultMaxPending is Policy.MaxPending's default: twice
+// max_connections' default, so that a burst of peers connecting at once
+// is not taken for idle sockets, and small enough that what pending
+// connections hold (a socket, a goroutine and at most a hello-sized frame
+// each) stays about 2 MiB.
+const DefaultMaxPending = 128
 
 // Gate admits connections to one listener by its Policy and counts them,
 // in two phases, in the order every transport applies:
@@ -146,7 +147,7 @@ func NewGate(p Policy, log *slog.Logger) *Gate {
 	}
 	n := p.MaxPending
 	if n <= 0 {
-		n = maxPending
+		n = DefaultMaxPending
 	}
 	return &Gate{p: p, log: NewPeerLog(log), ev: ev, fails: newFailures(p), maxPending: n}
 }

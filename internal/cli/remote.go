@@ -117,6 +117,10 @@ func (r *remoteAccess) Close() error {
 	return nil
 }
 
+// remoteSockets is how many sockets peers may make the daemon hold: the
+// accepted connections and those still saying hello.
+func remoteSockets(cfg config.Remote) int { return cfg.MaxConnections + remote.DefaultMaxPending }
+
 // failLimit is remote.max_failures as the gate takes it: 0 turns the
 // rule off.
 func failLimit(maxFailures int) int {
