@@ -50,8 +50,8 @@ type failures struct {
 	warnedFull     bool
 }
 
-// tick is a time as nanoseconds since failures.epoch (monotonic): a
-// quarter of a time.Time, for a table of 65536 entries.
+// tick is a time as nanoseconds since failures.epoch (monotonic): 8
+// bytes where a time.Time takes 24, for a table of 65536 entries.
 type tick int64
 
 // source is what is remembered of one network.

@@ -124,7 +124,8 @@ type Admission struct {
 type PendingConn interface {
 	// HelloWaiting reports whether the connection's first frame has
 	// arrived whole and waits to be read: its transport is about to
-	// serve it. It must not block.
+	// serve it. It is called with the gate's lock held and must not
+	// block.
 	HelloWaiting() bool
 	// Close ends the connection; a hello read in progress fails.
 	Close() error

@@ -8,10 +8,11 @@
 // transport: a peer outside allow_from or past max_connections is refused
 // on accept with HELLO_ERR and the errno; a connection takes a
 // max_connections slot only once its hello and token are accepted, and
-// until then counts among the few still saying hello, of which the oldest
-// is closed to make room; a hello, a started frame and
-// each reply must complete within the timeout (slowloris); a frame that
-// breaks the format ends that connection and nothing else. An operation that
+// until then counts among those still saying hello, bounded apart (the
+// gate closes one to make room, preferring those whose hello has not
+// arrived: pendingConn); a hello, a started frame and each reply must
+// complete within the timeout (slowloris); a frame that breaks the format
+// ends that connection and nothing else. An operation that
 // fails a check completes with the requester's status and moves the
 // connection to the error state of an RC QP: every later operation
 // completes with IBV_WC_WR_FLUSH_ERR without running.
