@@ -105,7 +105,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		Allowed:          cfg.Buffers.AllowedAccess,
 		// The daemon's own descriptors beyond clients' opens: the store's
 		// transient opens, the FUSE device, remote peers' sockets.
-		FdReserve:         128 + cfg.Remote.MaxConnections,
+		FdReserve:         128 + remoteSockets(cfg.Remote),
 		Events:            pub,
 		PopulateThreshold: uint64(cfg.Buffers.PopulateThreshold),
 		PopulateWorkers:   cfg.Buffers.PopulateWorkers,

@@ -37,12 +37,14 @@ type remoteAccess struct {
 // policy is [remote] as the transports apply it, reporting to ev.
 func policy(cfg config.Remote, ev remote.Events) remote.Policy {
 	return remote.Policy{
-		AllowFrom:  cfg.AllowFrom,
-		MaxConns:   cfg.MaxConnections,
-		FailLimit:  failLimit(cfg.MaxFailures),
-		MaxMessage: uint32(cfg.MaxMessageSize),
-		Timeout:    cfg.Timeout,
-		Events:     ev,
+		AllowFrom:    cfg.AllowFrom,
+		MaxConns:     cfg.MaxConnections,
+		FailLimit:    failLimit(cfg.MaxFailures),
+		FailPrefixV4: cfg.FailurePrefixV4,
+		FailPrefixV6: cfg.FailurePrefixV6,
+		MaxMessage:   uint32(cfg.MaxMessageSize),
+		Timeout:      cfg.Timeout,
+		Events:       ev,
 	}
 }
 
@@ -114,6 +116,10 @@ func (r *remoteAccess) Close() error {
 	}
 	return nil
 }
+
+// remoteSockets is how many sockets peers may make the daemon hold: the
+// accepted connections and those still saying hello.
+func remoteSockets(cfg config.Remote) int { return cfg.MaxConnections + remote.DefaultMaxPending }
 
 // failLimit is remote.max_failures as the gate takes it: 0 turns the
 // rule off.

@@ -79,3 +79,15 @@ func TestRemoteWhereSoftBoundAddress(t *testing.T) {
 		t.Errorf("Where = %q, want tcp and the bound port", w)
 	}
 }
+
+// [remote] reaches the gate whole: the failure rule's limit (0 turns it
+// off) and the prefix lengths that make a source network.
+func TestPolicyFromConfig(t *testing.T) {
+	p := policy(config.Remote{MaxConnections: 5, MaxFailures: 7, FailurePrefixV4: 16, FailurePrefixV6: 48}, nil)
+	if p.MaxConns != 5 || p.FailLimit != 7 || p.FailPrefixV4 != 16 || p.FailPrefixV6 != 48 {
+		t.Errorf("policy = %+v, want max 5, failures 7, prefixes 16 and 48", p)
+	}
+	if p := policy(config.Remote{MaxFailures: 0}, nil); p.FailLimit >= 0 {
+		t.Errorf("max_failures = 0 gives FailLimit %d, want the rule off (negative)", p.FailLimit)
+	}
+}

@@ -113,12 +113,18 @@ type Remote struct {
 	// AllowFrom (remote.allow_from) are the networks peers may connect
 	// from; others are closed on accept. Default: loopback only.
 	AllowFrom []netip.Prefix
-	// MaxConnections (remote.max_connections) bounds connected peers.
+	// MaxConnections (remote.max_connections) bounds the peers whose
+	// hello and token were accepted.
 	MaxConnections int
 	// MaxFailures (remote.max_failures) is how many failed attempts
-	// (wrong tokens, remote access errors) one source may make within a
-	// minute before it is refused for a minute; 0: no limit.
+	// (wrong tokens, unknown directories, hellos that break the format or
+	// time out, remote access errors) one source network may make within
+	// a minute before it is refused for a minute; 0: no limit.
 	MaxFailures int
+	// FailurePrefixV4 and FailurePrefixV6 (remote.failure_prefix_v4,
+	// remote.failure_prefix_v6) are the prefix lengths that make a
+	// source network of a peer's address: 24 and 64.
+	FailurePrefixV4, FailurePrefixV6 int
 	// MaxMessageSize (remote.max_message_size) bounds one READ or WRITE.
 	MaxMessageSize Size
 	// Timeout (remote.timeout) bounds how long a started frame, the hello
@@ -169,11 +175,13 @@ func Default() Config {
 		Log:     Log{Level: slog.LevelInfo, Format: FormatText, Output: OutputStderr},
 		Publish: Publish{Prefix: "/mrfs", Lease: 10 * time.Second},
 		Remote: Remote{
-			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-			MaxConnections: 64,
-			MaxFailures:    10,
-			MaxMessageSize: 16 << 20,
-			Timeout:        10 * time.Second,
+			AllowFrom:       []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+			MaxConnections:  64,
+			MaxFailures:     10,
+			FailurePrefixV4: 24,
+			FailurePrefixV6: 64,
+			MaxMessageSize:  16 << 20,
+			Timeout:         10 * time.Second,
 		},
 	}
 }

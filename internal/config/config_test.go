@@ -150,6 +150,8 @@ listen = "127.0.0.1:7471"
 allow_from = ["10.0.0.0/8", "192.168.1.7", "fd00::/8"]
 max_connections = 8
 max_failures = 3
+failure_prefix_v4 = 16
+failure_prefix_v6 = 48
 max_message_size = "1MiB"
 timeout = "1500ms"
 
@@ -178,12 +180,14 @@ lease = "30s"
 		Mount: Mount{AllowOther: true, ZeroCopy: false, Umask: 0o022},
 		Log:   Log{Level: slog.LevelDebug, Format: "json", Output: "/var/log/mrfs.log"},
 		Remote: Remote{
-			Listen:         "127.0.0.1:7471",
-			AllowFrom:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.7/32"), netip.MustParsePrefix("fd00::/8")},
-			MaxConnections: 8,
-			MaxFailures:    3,
-			MaxMessageSize: 1 << 20,
-			Timeout:        1500 * time.Millisecond,
+			Listen:          "127.0.0.1:7471",
+			AllowFrom:       []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.7/32"), netip.MustParsePrefix("fd00::/8")},
+			MaxConnections:  8,
+			MaxFailures:     3,
+			FailurePrefixV4: 16,
+			FailurePrefixV6: 48,
+			MaxMessageSize:  1 << 20,
+			Timeout:         1500 * time.Millisecond,
 		},
 		Metrics: Metrics{Listen: "127.0.0.1:9471"},
 	}

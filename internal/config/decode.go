@@ -55,6 +55,8 @@ type file struct {
 		AllowFrom      prefixList `toml:"allow_from"`
 		MaxConnections int        `toml:"max_connections"`
 		MaxFailures    int        `toml:"max_failures"`
+		FailPrefixV4   int        `toml:"failure_prefix_v4"`
+		FailPrefixV6   int        `toml:"failure_prefix_v6"`
 		MaxMessageSize Size       `toml:"max_message_size"`
 		Timeout        duration   `toml:"timeout"`
 	} `toml:"remote"`
@@ -87,7 +89,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	f.Log.Level, f.Log.Format, f.Log.Output = levelName(name), d.Log.Format, d.Log.Output
 	f.Log.FuseRequests = d.Log.FuseRequests
 	f.Remote.Listen, f.Remote.AllowFrom, f.Remote.MaxConnections = d.Remote.Listen, d.Remote.AllowFrom, d.Remote.MaxConnections
-	f.Remote.MaxFailures = d.Remote.MaxFailures
+	f.Remote.MaxFailures, f.Remote.FailPrefixV4, f.Remote.FailPrefixV6 = d.Remote.MaxFailures, d.Remote.FailurePrefixV4, d.Remote.FailurePrefixV6
 	f.Remote.MaxMessageSize, f.Remote.Timeout = d.Remote.MaxMessageSize, duration(d.Remote.Timeout)
 
 	md, err := toml.Decode(string(data), &f)
@@ -115,12 +117,14 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 		Mount: Mount{AllowOther: f.Mount.AllowOther, ZeroCopy: f.Mount.ZeroCopy, Umask: uint32(f.Mount.Umask)},
 		Log:   Log{Level: level, Format: f.Log.Format, Output: f.Log.Output, FuseRequests: f.Log.FuseRequests},
 		Remote: Remote{
-			Listen:         f.Remote.Listen,
-			AllowFrom:      f.Remote.AllowFrom,
-			MaxConnections: f.Remote.MaxConnections,
-			MaxFailures:    f.Remote.MaxFailures,
-			MaxMessageSize: f.Remote.MaxMessageSize,
-			Timeout:        time.Duration(f.Remote.Timeout),
+			Listen:          f.Remote.Listen,
+			AllowFrom:       f.Remote.AllowFrom,
+			MaxConnections:  f.Remote.MaxConnections,
+			MaxFailures:     f.Remote.MaxFailures,
+			FailurePrefixV4: f.Remote.FailPrefixV4,
+			FailurePrefixV6: f.Remote.FailPrefixV6,
+			MaxMessageSize:  f.Remote.MaxMessageSize,
+			Timeout:         time.Duration(f.Remote.Timeout),
 		},
 		Metrics: Metrics{Listen: f.Metrics.Listen},
 		Publish: Publish{Endpoints: nilIfEmpty(f.Publish.Endpoints), Prefix: f.Publish.Prefix, Lease: time.Duration(f.Publish.Lease)},

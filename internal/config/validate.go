@@ -17,8 +17,9 @@ import (
 	"mrfs/verbs"
 )
 
-// maxSoftMR is the most regions the soft device can key: a key holds the
-// region index in its upper 24 bits (index<<8 | random byte, as rxe).
+// maxSoftMR is the most regions the soft device keeps: its keys are 32
+// random bits, and at most one in 256 taken keeps a fresh one quick to
+// draw (verbs/soft).
 const maxSoftMR = 1<<24 - 1
 
 // maxPopulateWorkers bounds buffers.populate_workers: more threads than
@@ -144,6 +145,12 @@ func (c Config) Validate() error {
 	}
 	if r.MaxFailures < 0 {
 		bad("remote.max_failures", "%d: want 0 (no limit) or more", r.MaxFailures)
+	}
+	if r.FailurePrefixV4 < 1 || r.FailurePrefixV4 > 32 {
+		bad("remote.failure_prefix_v4", "%d: want a prefix length from 1 to 32 (24: failures count per /24)", r.FailurePrefixV4)
+	}
+	if r.FailurePrefixV6 < 1 || r.FailurePrefixV6 > 128 {
+		bad("remote.failure_prefix_v6", "%d: want a prefix length from 1 to 128 (64: failures count per /64)", r.FailurePrefixV6)
 	}
 	if r.MaxConnections < 1 {
 		bad("remote.max_connections", "%d: want at least 1", r.MaxConnections)

@@ -312,6 +312,48 @@ func Decode(b []byte, maxMsg uint32) (Frame, int, error) {
 	return f, end, nil
 }
 
+// MaxHelloFrame is the largest legal HELLO, header included: all a server
+// reads of a peer before the peer's token is checked.
+const MaxHelloFrame = HeaderSize + helloFixed + MaxPath
+
+// ReadHello reads a connection's first frame, which must be a HELLO. A
+// header of another type, or of a body longer than the largest HELLO's, is
+// a protocol violation before any byte of the body is read, so a peer
+// makes its reader read or allocate at most MaxHelloFrame bytes. It reads
+// the frame and not a byte past it: frames the peer sent right behind its
+// hello stay in r for the reader of the connection. io.EOF: r ended
+// before the first byte; io.ErrUnexpectedEOF: inside the frame.
+func ReadHello(r io.Reader) (Frame, error) {
+	var hdr [HeaderSize]byte
+	if n, err := io.ReadFull(r, hdr[:]); err != nil {
+		if n > 0 {
+			err = unexpected(err)
+		}
+		return Frame{}, err
+	}
+	h, err := parseHeader(hdr[:])
+	if err != nil {
+		return Frame{}, err
+	}
+	if h.typ != TypeHello {
+		return Frame{}, violation("first frame is %s, want HELLO", h.typ)
+	}
+	if err := bodyLimit(h, 0); err != nil {
+		return Frame{}, err
+	}
+	body := make([]byte, h.blen)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return Frame{}, unexpected(err)
+	}
+	return parseBody(h, body)
+}
+
+// FrameSize is the size, header included, of the frame whose header b
+// holds (at least HeaderSize bytes), as its body length announces it.
+func FrameSize(b []byte) int64 {
+	return HeaderSize + int64(binary.BigEndian.Uint32(b[4:]))
+}
+
 // Reader reads frames from a stream, reusing one body buffer. The buffer
 // grows only after a header has passed bodyLimit, so a hostile length
 // costs nothing.

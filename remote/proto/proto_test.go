@@ -217,3 +217,52 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// The first frame is read up to the largest HELLO: a header of another
+// type, or of a longer HELLO, ends it before its body is read; a HELLO
+// is read to its end and not a byte further.
+func TestReadHello(t *testing.T) {
+	hello := mustAppend(t, Frame{Type: TypeHello, Version: Version, Path: "/a", Token: [TokenSize]byte{9}})
+	next := mustAppend(t, Frame{Type: TypeWrite, WRID: 1, IOVA: 8, RKey: 3, Data: []byte("pipelined")})
+	r := bytes.NewReader(append(hello, next...))
+	f, err := ReadHello(r)
+	if err != nil || f.Type != TypeHello || f.Path != "/a" || f.Token[0] != 9 {
+		t.Fatalf("ReadHello: %+v, %v", f, err)
+	}
+	if r.Len() != len(next) {
+		t.Errorf("%d bytes left after the hello, want the %d of the next frame", r.Len(), len(next))
+	}
+	if f, err := NewReader(r, testMax).Next(); err != nil || string(f.Data) != "pipelined" {
+		t.Errorf("the frame behind the hello: %+v, %v", f, err)
+	}
+
+	bigWrite := binary.BigEndian.AppendUint32([]byte{byte(TypeWrite), 0, 0, 0}, 16<<20)
+	bigWrite = append(bigWrite, make([]byte, 8)...)
+	bigHello := binary.BigEndian.AppendUint32([]byte{byte(TypeHello), 0, 0, 0}, uint32(MaxHelloFrame-HeaderSize+1))
+	bigHello = append(bigHello, make([]byte, 8)...)
+	for _, c := range []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"a WRITE of 16 MiB", append(bigWrite, make([]byte, 4096)...), ErrProtocol},
+		{"a small READ", mustAppend(t, Frame{Type: TypeRead, Length: 1}), ErrProtocol},
+		{"a HELLO past the largest", append(bigHello, make([]byte, 4096)...), ErrProtocol},
+		{"not mrfs", []byte("GET / HTTP/1.1\r\n\r\n"), ErrProtocol},
+		{"nothing", nil, io.EOF},
+		{"half a header", hello[:7], io.ErrUnexpectedEOF},
+		{"half a body", hello[:len(hello)-1], io.ErrUnexpectedEOF},
+	} {
+		r := bytes.NewReader(c.in)
+		_, err := ReadHello(r)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+		if c.want == ErrProtocol && len(c.in)-r.Len() > HeaderSize {
+			t.Errorf("%s: %d bytes read, want the header's %d alone", c.name, len(c.in)-r.Len(), HeaderSize)
+		}
+	}
+	if _, err := ReadHello(bytes.NewReader(mustAppend(t, Frame{Type: TypeHello, Version: 1, Path: "/"}))); !errors.As(err, new(*VersionError)) {
+		t.Errorf("a HELLO of version 1: %v, want a VersionError", err)
+	}
+}

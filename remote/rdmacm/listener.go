@@ -199,10 +199,15 @@ func (l *Listener) snapshot() []*conn {
 }
 
 // accept serves a CONNECT_REQUEST: the gate must admit the peer
-// (allow_from, max_connections), and it must name an existing directory;
-// then a QP in the directory's PD is created, attached to its Domain (so
-// that rmdir and unmount close it before the PD goes), and the request
-// accepted. A refusal carries its errno in the reject's private data.
+// (allow_from, failures, max_connections), its private data name an
+// existing directory and present that directory's token; only then does
+// it take a max_connections slot (the gate's second phase: the request
+// is the hello, whole, so it never waits among pending connections), a
+// QP in the directory's PD is created, attached to its Domain (so that
+// rmdir and unmount close it before the PD goes), and the request
+// accepted. Until the token is checked nothing of the peer's exists here
+// but the request's id (librdmacm's), its private data (at most 256
+// bytes) and c. A refusal carries its errno in the reject's private data.
 func (l *Listener) accept(ev ibv.Event) {
 	id := ev.ID
 	peer := id.Peer()
@@ -215,22 +220,24 @@ func (l *Listener) accept(ev ibv.Event) {
 		}
 		l.gate.Log().Event("rejected", "rdma_cm connection rejected", "peer", peer.String(), "errno", errno.Error(), "reason", msg)
 	}
-	release, err := l.gate.Admit(peer.Addr())
+	a, err := l.gate.Admit(peer.Addr(), nil)
 	if err != nil {
 		reject(remote.Errno(err, syscall.EACCES), err.Error())
 		return
 	}
+	defer a.Done() // a no-op once accepted
 	dir, tok, err := decodeConnect(ev.Private)
 	if err != nil {
-		release()
+		if !errors.Is(err, errVersion) {
+			l.gate.Failed(peer.Addr(), "hello")
+		}
 		reject(syscall.EPROTO, err.Error())
 		return
 	}
-	c := &conn{l: l, id: id, dir: dir, peer: peer, release: release, established: make(chan struct{})}
+	c := &conn{l: l, id: id, dir: dir, peer: peer, release: func() {}, established: make(chan struct{})}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		release()
 		reject(syscall.ESHUTDOWN, "mrfs is shutting down")
 		return
 	}
@@ -240,13 +247,12 @@ func (l *Listener) accept(ev ibv.Event) {
 		l.mu.Lock()
 		delete(l.conns, id)
 		l.mu.Unlock()
-		release()
 	}
 
-	dom, err := l.resolve(dir)
+	dom, err := l.gate.Resolve(peer.Addr(), l.resolve, dir)
 	if err != nil {
 		unreserve()
-		reject(remote.Errno(err, syscall.ENOENT), fmt.Sprintf("directory %q: %v", dir, err))
+		reject(remote.Errno(err, syscall.ENOENT), err.Error())
 		return
 	}
 	if err := l.gate.CheckToken(peer.Addr(), dir, dom, tok); err != nil {
@@ -259,6 +265,19 @@ func (l *Listener) accept(ev ibv.Event) {
 	c.pd = dom.PD()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	release, err := a.Accept()
+	if err != nil {
+		unreserve()
+		reject(remote.Errno(err, syscall.EBUSY), err.Error())
+		return
+	}
+	c.release = release
+	unreserve = func() {
+		l.mu.Lock()
+		delete(l.conns, id)
+		l.mu.Unlock()
+		release()
+	}
 	detach, err := dom.Attach(c)
 	if err != nil {
 		unreserve()
@@ -327,20 +346,20 @@ type conn struct {
 	peer  netip.AddrPort
 	pd    uint32
 	qpNum uint32
-	// release gives the gate its slot back (once).
-	release func()
-
 	// established is closed at the ESTABLISHED event (once).
 	established     chan struct{}
 	establishedOnce sync.Once
 
-	// guards: qp, detach and closed. Held across the teardown's
-	// librdmacm calls, so that a close (from rmdir, unmount or the
-	// peer's disconnect) and the accept never interleave.
+	// guards: qp, detach, release and closed. Held across the
+	// teardown's librdmacm calls, so that a close (from rmdir, unmount or
+	// the peer's disconnect) and the accept never interleave.
 	mu     sync.Mutex
 	qp     *ibv.QP
 	detach func()
-	closed bool
+	// release gives the gate its slot back (once); a no-op until the
+	// connection took one.
+	release func()
+	closed  bool
 }
 
 // establishWait bounds how long a close from outside waits for a

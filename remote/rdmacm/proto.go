@@ -40,6 +40,10 @@ const (
 // ErrPrivateData matches a malformed connect request or reject.
 var ErrPrivateData = errors.New("malformed rdma_cm private data")
 
+// errVersion matches, beside ErrPrivateData, a connect request of another
+// version: an mrfs peer, not a failing one.
+var errVersion = errors.New("another version")
+
 // encodeConnect is the private data naming dir, with its PD's token.
 func encodeConnect(dir string, tok remote.Token) ([]byte, error) {
 	if len(dir) > MaxDirBytes {
@@ -60,7 +64,7 @@ func decodeConnect(b []byte) (dir string, tok remote.Token, err error) {
 		return "", tok, fmt.Errorf("%w: no mrfs header (%d bytes)", ErrPrivateData, len(b))
 	}
 	if v := b[len(magic)]; v != version {
-		return "", tok, fmt.Errorf("%w: version %d, this mrfs speaks %d", ErrPrivateData, v, version)
+		return "", tok, fmt.Errorf("%w: %w: version %d, this mrfs speaks %d", ErrPrivateData, errVersion, v, version)
 	}
 	if len(b) < connectHdr {
 		return "", tok, fmt.Errorf("%w: no token (%d bytes)", ErrPrivateData, len(b))

@@ -41,8 +41,14 @@ func TestConnectRejectsGarbage(t *testing.T) {
 		"nul in path": append(append(head, 3), "d\x00r"...),
 	}
 	for name, b := range bad {
-		if _, _, err := decodeConnect(b); !errors.Is(err, ErrPrivateData) {
+		_, _, err := decodeConnect(b)
+		if !errors.Is(err, ErrPrivateData) {
 			t.Errorf("%s: %v, want ErrPrivateData", name, err)
+		}
+		// Another version is an mrfs peer, not a failure of its source;
+		// the rest are.
+		if errors.Is(err, errVersion) != (name == "version 1") {
+			t.Errorf("%s: %v: another version: %v", name, err, errors.Is(err, errVersion))
 		}
 	}
 }

@@ -8,7 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +29,10 @@ type Transport struct {
 	Listen func(t *testing.T, p remote.Policy, resolve remote.Resolver) string
 	// Dial connects to addr and asks for the PD of dir with tok.
 	Dial func(ctx context.Context, addr, dir string, tok remote.Token) (remote.Conn, error)
+	// Idle connects to addr and says nothing: a connection still owing
+	// its hello. Nil for a transport whose connection brings its hello
+	// whole (rdma_cm's connect request), which has no such state.
+	Idle func(t *testing.T, addr string) net.Conn
 	// Peer is the address the listener sees this process dial from.
 	Peer netip.Addr
 	// Domain is a PD of the transport's device: the resolver's "/".
@@ -91,6 +98,21 @@ func RunAdmission(t *testing.T, tr Transport) {
 		wantRefusal(t, dialOnce(t, tr, addr, "/", good), 0)
 	})
 
+	// Directories that are not there count as failures too: names are
+	// probed no faster than tokens are guessed.
+	t.Run("a source that keeps naming directories that are not there", func(t *testing.T) {
+		p := policy(4, self)
+		p.FailLimit = 3
+		addr := tr.Listen(t, p, resolve)
+		for _, c := range []struct {
+			dir  string
+			want syscall.Errno
+		}{{"/nope", syscall.ENOENT}, {"/file", syscall.ENOTDIR}, {"/nope", syscall.ENOENT}} {
+			wantRefusal(t, dialOnce(t, tr, addr, c.dir, good), c.want)
+		}
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EACCES)
+	})
+
 	t.Run("max_connections", func(t *testing.T) {
 		addr := tr.Listen(t, policy(1, self), resolve)
 		first := dial(t, tr, addr, "/", good)
@@ -108,6 +130,43 @@ func RunAdmission(t *testing.T, tr Transport) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	})
+
+	// Connections still saying hello are bounded apart from
+	// max_connections: idle sockets cannot keep peers out.
+	t.Run("connections saying hello take no max_connections slot", func(t *testing.T) {
+		p := policy(1, self)
+		p.MaxPending = 4
+		addr := tr.Listen(t, p, resolve)
+		idle(t, tr, addr)
+		idle(t, tr, addr)
+		idle(t, tr, addr)
+		first := dial(t, tr, addr, "/", good)
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EBUSY)
+		first.Close()
+	})
+
+	t.Run("the oldest connection saying hello makes room, a failure of its source", func(t *testing.T) {
+		p := policy(4, self)
+		p.MaxPending, p.FailLimit, p.Timeout = 2, 2, time.Minute
+		addr := tr.Listen(t, p, resolve)
+		oldest := idle(t, tr, addr)
+		idle(t, tr, addr)
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), 0)
+		wantClosed(t, oldest)
+		idle(t, tr, addr)
+		idle(t, tr, addr) // makes room again: the second failure
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EACCES)
+	})
+
+	t.Run("a hello that does not come in time is a failure", func(t *testing.T) {
+		p := policy(4, self)
+		p.FailLimit, p.Timeout = 2, 300*time.Millisecond
+		addr := tr.Listen(t, p, resolve)
+		for range p.FailLimit {
+			wantClosed(t, idle(t, tr, addr))
+		}
+		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EACCES)
 	})
 
 	t.Run("still mounting", func(t *testing.T) {
@@ -131,6 +190,29 @@ func dial(t *testing.T, tr Transport, addr, dir string, tok remote.Token) remote
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// idle opens a connection that says nothing, or skips the test on a
+// transport without a hello phase; it closes at cleanup.
+func idle(t *testing.T, tr Transport, addr string) net.Conn {
+	t.Helper()
+	if tr.Idle == nil {
+		t.Skip("the transport's connect request brings its hello whole: no connection waits to say it")
+	}
+	c := tr.Idle(t, addr)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// wantClosed requires the listener to close c (long before the 20 s the
+// test waits; the policies' timeouts are a minute where that matters).
+func wantClosed(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, err := io.Copy(io.Discard, c)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the listener kept a connection it should have closed")
+	}
 }
 
 // dialOnce connects and, when admitted, proves the connection is a real

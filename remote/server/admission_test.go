@@ -43,6 +43,13 @@ func TestAdmission(t *testing.T) {
 		Dial: func(ctx context.Context, addr, dir string, tok remote.Token) (remote.Conn, error) {
 			return client.Dial(ctx, addr, dir, tok)
 		},
+		Idle: func(t *testing.T, addr string) net.Conn {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		},
 		Peer:   netip.MustParseAddr("127.0.0.1"),
 		Domain: dom,
 	})

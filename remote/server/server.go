@@ -6,9 +6,13 @@
 //
 // Peers are not trusted. Admission is remote.Gate's, as on every
 // transport: a peer outside allow_from or past max_connections is refused
-// on accept with HELLO_ERR and the errno; a hello, a started frame and
-// each reply must complete within the timeout (slowloris); a frame that
-// breaks the format ends that connection and nothing else. An operation that
+// on accept with HELLO_ERR and the errno; a connection takes a
+// max_connections slot only once its hello and token are accepted, and
+// until then counts among those still saying hello, bounded apart (the
+// gate closes one to make room, preferring those whose hello has not
+// arrived: pendingConn); a hello, a started frame and each reply must
+// complete within the timeout (slowloris); a frame that breaks the format
+// ends that connection and nothing else. An operation that
 // fails a check completes with the requester's status and moves the
 // connection to the error state of an RC QP: every later operation
 // completes with IBV_WC_WR_FLUSH_ERR without running.
@@ -22,10 +26,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"mrfs/remote"
 	"mrfs/remote/proto"
@@ -103,19 +110,20 @@ func (s *Server) accept() {
 	}
 }
 
-// admit applies the gate (allow_from, max_connections), then serves c.
+// admit applies the gate's first phase (allow_from, failures,
+// max_connections), then serves c.
 func (s *Server) admit(c net.Conn) {
 	peer := c.RemoteAddr().String()
 	var addr netip.Addr
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		addr = ta.AddrPort().Addr()
 	}
-	release, err := s.gate.Admit(addr)
+	a, err := s.gate.Admit(addr, pendingConn{c})
 	if err == nil {
 		s.mu.Lock()
 		if s.closed {
 			err = fmt.Errorf("mrfs is shutting down: %w", syscall.ESHUTDOWN)
-			release()
+			a.Done()
 		} else {
 			s.conns[c] = struct{}{}
 			s.wg.Add(1)
@@ -138,7 +146,7 @@ func (s *Server) admit(c net.Conn) {
 			delete(s.conns, c)
 			s.mu.Unlock()
 			c.Close()
-			release()
+			a.Done()
 		}()
 		defer func() {
 			// A bug in serving one peer must not take the daemon, and
@@ -147,8 +155,37 @@ func (s *Server) admit(c net.Conn) {
 				s.log.Error("remote: panic serving a peer; connection closed", "peer", peer, "panic", e, "stack", string(debug.Stack()))
 			}
 		}()
-		s.serve(c)
+		s.serve(c, a)
 	}()
+}
+
+// pendingConn is a connection still saying hello, as the gate sees it.
+// Closing it ends a hello read in progress.
+type pendingConn struct{ net.Conn }
+
+// HelloWaiting peeks at the socket: whether the first frame, as long as
+// its header says, has arrived whole. The connection's goroutine may be
+// reading it meanwhile; a peek takes nothing from it.
+func (p pendingConn) HelloWaiting() bool {
+	sc, ok := p.Conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	waiting := false
+	rc.Control(func(fd uintptr) {
+		var hdr [proto.HeaderSize]byte
+		n, _, err := unix.Recvfrom(int(fd), hdr[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		if err != nil || n < len(hdr) {
+			return
+		}
+		queued, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		waiting = err == nil && int64(queued) >= proto.FrameSize(hdr[:])
+	})
+	return waiting
 }
 
 // conn is one peer's queue pair.
@@ -165,17 +202,17 @@ type conn struct {
 	failed bool
 }
 
-func (s *Server) serve(c net.Conn) {
+func (s *Server) serve(c net.Conn, a *remote.Admission) {
 	k := &conn{s: s, c: c, log: s.log.With("peer", c.RemoteAddr().String())}
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		k.addr = ta.AddrPort().Addr()
 	}
-	k.r = proto.NewReader(bufio.NewReaderSize(c, 64<<10), s.p.MaxMessage)
-	detach, err := k.hello()
+	release, detach, err := k.hello(a)
 	if err != nil {
 		s.gate.Log().EventTo(k.log, "hello", "remote: hello failed; connection closed", "err", err)
 		return
 	}
+	defer release()
 	defer detach()
 	ops, err := k.loop()
 	switch {
@@ -188,29 +225,41 @@ func (s *Server) serve(c net.Conn) {
 	}
 }
 
-// hello reads the peer's HELLO, finds its PD and attaches the connection
-// to the PD's domain, so that rmdir and unmount close it before the PD
-// goes. A refusal is answered with HELLO_ERR and an errno.
-func (k *conn) hello() (detach func(), err error) {
+// hello reads the peer's HELLO, finds its PD, takes a max_connections
+// slot (the gate's second phase) and attaches the connection to the PD's
+// domain, so that rmdir and unmount close it before the PD goes. A
+// refusal is answered with HELLO_ERR and an errno.
+func (k *conn) hello(a *remote.Admission) (release, detach func(), err error) {
 	k.c.SetReadDeadline(time.Now().Add(k.s.p.Timeout))
-	refuse := func(errno syscall.Errno, err error) (func(), error) {
+	refuse := func(errno syscall.Errno, err error) (func(), func(), error) {
 		k.send(proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(errno), Msg: err.Error()})
-		return nil, err
+		return nil, nil, err
 	}
-	f, err := k.r.Next()
+	// Read from the socket itself, no more than the hello: nothing of the
+	// peer's beyond a hello-sized frame is read or allocated before its
+	// token is checked, and what it sent behind the hello stays in the
+	// socket for the reader made below.
+	f, err := proto.ReadHello(k.c)
 	var ve *proto.VersionError
 	switch {
 	case errors.As(err, &ve):
+		// Not a failure: an mrfs of another version.
 		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", ve.Version, proto.Version))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		k.s.gate.Failed(k.addr, "hello_timeout")
+		return nil, nil, fmt.Errorf("no hello within %s (remote.timeout): %w", k.s.p.Timeout, err)
+	case errors.Is(err, proto.ErrProtocol):
+		k.s.gate.Failed(k.addr, "hello")
+		return nil, nil, fmt.Errorf("read hello: %w", err)
 	case err != nil:
-		return nil, fmt.Errorf("read hello: %w", err)
+		// The peer went, or the gate closed the connection to make room
+		// (and counted it).
+		return nil, nil, fmt.Errorf("read hello: %w", err)
 	}
-	if f.Type != proto.TypeHello {
-		return nil, fmt.Errorf("%w: first frame is %s, want HELLO", proto.ErrProtocol, f.Type)
-	}
-	dom, err := k.s.resolve(f.Path)
+	a.Heard()
+	dom, err := k.s.gate.Resolve(k.addr, k.s.resolve, f.Path)
 	if err != nil {
-		return refuse(remote.Errno(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
+		return refuse(remote.Errno(err, syscall.ENOENT), err)
 	}
 	if err := k.s.gate.CheckToken(k.addr, f.Path, dom, f.Token); err != nil {
 		return refuse(syscall.EACCES, err)
@@ -219,18 +268,25 @@ func (k *conn) hello() (detach func(), err error) {
 	if !ok {
 		return refuse(syscall.EOPNOTSUPP, fmt.Errorf("pd %q: the verbs backend cannot serve the soft transport", f.Path))
 	}
+	release, err = a.Accept()
+	if err != nil {
+		return refuse(remote.Errno(err, syscall.EBUSY), err)
+	}
 	detach, err = dom.Attach(k.c)
 	if err != nil {
+		release()
 		return refuse(remote.Errno(err, syscall.ENOENT), fmt.Errorf("pd %q: %w", f.Path, err))
 	}
 	k.resp = rp.Responder()
+	k.r = proto.NewReader(bufio.NewReaderSize(k.c, 64<<10), k.s.p.MaxMessage)
 	if err := k.send(proto.Frame{Type: proto.TypeHelloOK, Version: proto.Version, PD: dom.PD(), MaxMessage: k.s.p.MaxMessage}); err != nil {
 		detach()
-		return nil, err
+		release()
+		return nil, nil, err
 	}
 	k.log = k.log.With("pd", f.Path)
 	k.log.Debug("remote: peer connected")
-	return detach, nil
+	return release, detach, nil
 }
 
 // loop runs operations until the peer goes or breaks the format.

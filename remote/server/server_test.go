@@ -5,9 +5,14 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,6 +33,35 @@ type env struct {
 	doms map[string]*buffer.Domain
 	srv  *server.Server
 	addr string
+	log  *logBuffer // the server's log, at debug
+}
+
+// logBuffer is a log the test reads while the server writes it.
+type logBuffer struct {
+	mu  sync.Mutex // guards: buf
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitLog waits until the server's log holds n lines containing s.
+func (e *env) waitLog(t *testing.T, s string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); strings.Count(e.log.String(), s) < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server never logged %d lines with %q:\n%s", n, s, e.log)
+		}
+	}
 }
 
 // setup serves two PDs, "/" and "/b", of a soft device on loopback.
@@ -38,7 +72,7 @@ func setup(t testing.TB, opt remote.Policy) *env {
 		t.Fatal(err)
 	}
 	mgr := buffer.NewManager(dev, buffer.Options{Allowed: remoteAll}, nil)
-	e := &env{mgr: mgr, doms: map[string]*buffer.Domain{}}
+	e := &env{mgr: mgr, doms: map[string]*buffer.Domain{}, log: &logBuffer{}}
 	for _, name := range []string{"/", "/b"} {
 		d, err := mgr.NewDomain(remoteAll)
 		if err != nil {
@@ -68,7 +102,7 @@ func setup(t testing.TB, opt remote.Policy) *env {
 			return d, nil
 		}
 		return nil, syscall.ENOENT
-	}, nil)
+	}, slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	t.Cleanup(func() {
 		e.srv.Close()
 		mgr.Close()
@@ -339,5 +373,134 @@ func TestAccessErrorsRefuseTheSource(t *testing.T) {
 	}
 	if err := dialErr(e, "/"); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("after 3 access errors: %v, want a refusal with EACCES", err)
+	}
+}
+
+// The first frame is read up to the size of the largest HELLO: a WRITE
+// announcing max_message_size before any hello costs the daemon nothing
+// of that size (the connection ends at its header).
+func TestFirstFrameReadToAHelloAtMost(t *testing.T) {
+	const body = 16 << 20
+	e := setup(t, remote.Policy{MaxMessage: body, Timeout: 300 * time.Millisecond})
+	header := binary.BigEndian.AppendUint32([]byte{byte(proto.TypeWrite), 0, 0, 0}, 16+body)
+	header = append(header, make([]byte, 8)...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 4 {
+		nc, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Write(header)
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, nc); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("the daemon did not end the connection: %v", err)
+		}
+		nc.Close()
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n >= body {
+		t.Errorf("4 first frames announcing %d-byte WRITEs made the server allocate %d bytes", body, n)
+	}
+}
+
+// Frames a peer sends right behind its hello, in the same segment, are
+// served: the hello is read alone, and the connection's reader gets the
+// rest.
+func TestHelloPipelined(t *testing.T) {
+	e := setup(t, remote.Policy{})
+	b, info := e.buffer(t, "/", 4096)
+	b.WriteAt([]byte("before"), 100)
+	var wire []byte
+	for _, f := range []proto.Frame{
+		{Type: proto.TypeHello, Version: proto.Version, Path: "/", Token: e.tok("/")},
+		{Type: proto.TypeRead, WRID: 1, IOVA: uint64(info.Addr) + 100, RKey: info.RKey, Length: 6},
+		{Type: proto.TypeWrite, WRID: 2, IOVA: uint64(info.Addr) + 100, RKey: info.RKey, Data: []byte("after!")},
+		{Type: proto.TypeRead, WRID: 3, IOVA: uint64(info.Addr) + 100, RKey: info.RKey, Length: 6},
+	} {
+		wire, _ = proto.Append(wire, f)
+	}
+	nc, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Write(wire); err != nil {
+		t.Fatal(err)
+	}
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r := proto.NewReader(nc, 1<<20)
+	want := []string{"HELLO_OK", "1 before", "2 ", "3 after!"}
+	for i, w := range want {
+		f, err := r.Next()
+		got := f.Type.String()
+		if f.Type == proto.TypeCompletion {
+			got = fmt.Sprintf("%d %s", f.WRID, f.Data)
+		}
+		if err != nil || got != w || f.Status != 0 {
+			t.Fatalf("reply %d: %q (status %d), %v; want %q", i, got, f.Status, err, w)
+		}
+	}
+}
+
+// What a peer does wrong before its hello is accepted counts against its
+// source, as a wrong token does: hellos that do not come in time, first
+// frames that are not a HELLO or break the format, directories that are
+// not there. A HELLO of another version (an mrfs peer) and a connection
+// closed before saying anything do not count.
+func TestHelloFailuresCount(t *testing.T) {
+	raw := func(t *testing.T, e *env, send []byte) {
+		nc, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.Write(send)
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, nc); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("the server kept the connection: %v", err)
+		}
+	}
+	v99, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: 99, Path: "/"})
+	read, _ := proto.Append(nil, proto.Frame{Type: proto.TypeRead, Length: 8})
+	for _, c := range []struct {
+		name   string
+		fail   func(t *testing.T, e *env)
+		counts bool
+	}{
+		{"a hello that does not come in time", func(t *testing.T, e *env) { raw(t, e, nil) }, true},
+		{"half a hello in time", func(t *testing.T, e *env) { raw(t, e, []byte{byte(proto.TypeHello), 0, 0}) }, true},
+		{"a first frame that is not a HELLO", func(t *testing.T, e *env) { raw(t, e, read) }, true},
+		{"garbage", func(t *testing.T, e *env) { raw(t, e, []byte("GET / HTTP/1.1\r\n\r\n")) }, true},
+		{"a directory that is not there", func(t *testing.T, e *env) {
+			if err := dialErr(e, "/nope"); !errors.Is(err, syscall.ENOENT) {
+				t.Errorf("dial /nope: %v, want ENOENT", err)
+			}
+		}, true},
+		{"another version", func(t *testing.T, e *env) { raw(t, e, v99) }, false},
+		{"closed at once", func(t *testing.T, e *env) {
+			nc, err := net.Dial("tcp", e.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nc.Close()
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setup(t, remote.Policy{FailLimit: 2, Timeout: 200 * time.Millisecond})
+			c.fail(t, e)
+			c.fail(t, e)
+			e.waitLog(t, "hello failed", 2)
+			err := dialErr(e, "/")
+			if !c.counts {
+				if err != nil {
+					t.Errorf("after two: %v, want admitted", err)
+				}
+				return
+			}
+			if !errors.Is(err, syscall.EACCES) {
+				t.Errorf("after two: %v, want a refusal with EACCES", err)
+			}
+		})
 	}
 }

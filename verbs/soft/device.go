@@ -1,8 +1,9 @@
 package soft
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"syscall"
 
@@ -10,7 +11,7 @@ import (
 	"mrfs/verbs"
 )
 
-// device is the state rxe keeps per ib_device: the MR index pool and the
+// device is the state rxe keeps per ib_device: its regions by key and the
 // PD numbering, shared by every context opened on it.
 type device struct {
 	name string           // immutable
@@ -26,11 +27,10 @@ type device struct {
 	// guards: every field below, every context's closed and pds, every
 	// pd's dead and mrs, and every mr's mutable fields. Taken before
 	// pins.mu.
-	mu      sync.Mutex
-	mrs     map[uint32]*mr // by index: live regions and ones being registered
-	lastIdx uint32         // last index handed out; the next search starts after it
-	pds     map[uint32]*pd // allocated PDs by handle
-	lastPD  uint32
+	mu     sync.Mutex
+	mrs    map[uint32]*mr // by key: live regions and ones being registered
+	pds    map[uint32]*pd // allocated PDs by handle
+	lastPD uint32
 }
 
 func newDevice(opt Options) *device {
@@ -52,28 +52,26 @@ func newDevice(opt Options) *device {
 	}
 }
 
-// allocIndex finds the next free MR index after the last one handed out,
-// cyclically over [1, MaxMR], as xa_alloc_cyclic does. Called with d.mu
-// held.
-func (d *device) allocIndex() (idx uint32, ok bool) {
-	max := uint32(d.attr.MaxMR)
-	if len(d.mrs) >= int(max) {
-		return 0, false
-	}
-	for range max {
-		d.lastIdx++
-		if d.lastIdx > max {
-			d.lastIdx = 1
-		}
-		if _, used := d.mrs[d.lastIdx]; !used {
-			return d.lastIdx, true
+// newKey is a fresh key for a region: 32 random bits, nonzero and held
+// by no live or registering region. Unlike rxe's index<<8 | random byte,
+// a key says nothing about its neighbours: a peer that knows its own keys
+// still guesses another's one time in 2^32. Called with d.mu held and
+// fewer than MaxMR (at most 2^24-1) regions, so a try collides at most one
+// time in 256.
+func (d *device) newKey() uint32 {
+	var b [4]byte
+	for {
+		randRead(b[:])
+		k := binary.LittleEndian.Uint32(b[:])
+		if _, used := d.mrs[k]; k != 0 && !used {
+			return k
 		}
 	}
-	return 0, false // unreachable: len(d.mrs) < max
 }
 
-// newKey is rxe's key: the index above a random byte.
-func newKey(idx uint32) uint32 { return idx<<8 | uint32(rand.N(256)) }
+// randRead fills keys with random bytes; crypto/rand's Read never fails.
+// Tests replace it to force collisions.
+var randRead = func(b []byte) { rand.Read(b) }
 
 // context is an open device (ibv_context).
 type context struct {
@@ -116,7 +114,7 @@ func (c *context) AllocPD() (verbs.PD, error) {
 // Close closes the context even while it holds PDs and regions: like
 // ibv_close_device it frees no child objects, which stay as Go values
 // whose every call then fails with ENODEV. What the kernel releases when
-// the device file is closed is released here too: the regions' indices
+// the device file is closed is released here too: the regions' keys
 // and pinned pages, and the PDs' numbers. Close twice is ENODEV.
 func (c *context) Close() error {
 	d := c.dev
@@ -134,7 +132,7 @@ func (c *context) Close() error {
 				// A region still registering finishes its own cleanup
 				// when it sees the context closed.
 				m.state = mrDead
-				delete(d.mrs, m.idx)
+				delete(d.mrs, m.key)
 				delete(p.mrs, m)
 				unpin(m.pin)
 			}

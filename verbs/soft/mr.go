@@ -11,7 +11,7 @@ import (
 type mrState int
 
 const (
-	mrPending mrState = iota // index reserved, pages being pinned
+	mrPending mrState = iota // key reserved, pages being pinned
 	mrLive
 	mrDead
 )
@@ -21,7 +21,6 @@ const (
 type mr struct {
 	dev    *device      // immutable
 	pd     *pd          // immutable
-	idx    uint32       // immutable
 	key    uint32       // immutable; lkey == rkey, as rxe gives user MRs
 	addr   uintptr      // immutable
 	length uint64       // immutable
@@ -41,7 +40,7 @@ func (m *mr) PD() verbs.PD         { return m.pd }
 // register is reg_mr after the PD lookup: the checks of
 // ib_uverbs_reg_mr, rxe_reg_user_mr and ib_umem_get in that order, then
 // the pin. The new region counts against p (usecnt) from the moment its
-// index is reserved.
+// key is reserved.
 func (d *device) register(p *pd, addr uintptr, length uint64, access verbs.Access) (*mr, error) {
 	d.mu.Lock()
 	if p.ctx.closed {
@@ -64,13 +63,12 @@ func (d *device) register(p *pd, addr uintptr, length uint64, access verbs.Acces
 		d.mu.Unlock()
 		return nil, fmt.Errorf("%s is past max_mr_size (%s) of %s: %w", bytesize.Format(length), bytesize.Format(d.attr.MaxMRSize), d.name, syscall.EINVAL)
 	}
-	idx, ok := d.allocIndex()
-	if !ok {
+	if len(d.mrs) >= d.attr.MaxMR {
 		d.mu.Unlock()
 		return nil, fmt.Errorf("all %d memory regions of %s are in use (max_mr): %w", d.attr.MaxMR, d.name, syscall.EINVAL)
 	}
-	m := &mr{dev: d, pd: p, idx: idx, key: newKey(idx), addr: addr, length: length, access: access, state: mrPending}
-	d.mrs[idx] = m
+	m := &mr{dev: d, pd: p, key: d.newKey(), addr: addr, length: length, access: access, state: mrPending}
+	d.mrs[m.key] = m
 	p.mrs[m] = struct{}{}
 	d.mu.Unlock()
 
@@ -83,7 +81,7 @@ func (d *device) register(p *pd, addr uintptr, length uint64, access verbs.Acces
 		err = fmt.Errorf("device %s closed: %w", d.name, syscall.ENODEV)
 	}
 	if err != nil {
-		delete(d.mrs, idx)
+		delete(d.mrs, m.key)
 		delete(p.mrs, m)
 		m.state = mrDead
 		return nil, err
@@ -108,7 +106,7 @@ func (m *mr) Dereg() error {
 		return fmt.Errorf("dereg_mr key 0x%x: region is not registered: %w", m.key, syscall.EINVAL)
 	}
 	m.state = mrDead
-	delete(d.mrs, m.idx)
+	delete(d.mrs, m.key)
 	delete(m.pd.mrs, m)
 	pn := m.pin
 	d.mu.Unlock()

@@ -27,8 +27,9 @@ type target struct {
 // check runs rxe's responder checks in its order (rxe_resp.c: check_rkey;
 // rxe_mr.c: lookup_mr, mr_check_range; then the atomic alignment check):
 //
-//  1. the region by index rkey>>8; the rkey must be the region's own, the
-//     region's PD this PD, the access bit granted, the region live;
+//  1. the region by its rkey (rxe finds it by the index rkey>>8 and then
+//     compares the whole key; soft keys are random and looked up whole),
+//     the region's PD this PD, the access bit granted, the region live;
 //  2. [iova, iova+n) inside the region's iova range;
 //  3. for atomics, iova 8-byte aligned.
 //
@@ -38,8 +39,8 @@ func (r responder) check(iova uint64, rkey uint32, n uint64, need verbs.Access, 
 	d := r.p.ctx.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	m := d.mrs[rkey>>8]
-	if m == nil || m.key != rkey || m.pd != r.p || m.access&need != need || m.state != mrLive || r.p.ctx.closed {
+	m := d.mrs[rkey]
+	if m == nil || m.pd != r.p || m.access&need != need || m.state != mrLive || r.p.ctx.closed {
 		return target{}, verbs.WCRemAccessErr
 	}
 	base := uint64(m.addr) // iova == addr: RegMR registers with iova = addr

@@ -2,10 +2,11 @@
 // on Linux that needs no NIC. It is not a stub. It validates reg_mr in the
 // kernel's order with the kernel's errnos, pins pages with mlock and
 // accounts them against RLIMIT_MEMLOCK (unless CAP_IPC_LOCK) the way
-// ib_umem_get accounts pinned_vm, hands out keys like rxe
-// (index<<8 | random byte, lkey == rkey, index cyclic from 1), enforces
-// max_mr and max_pd, and refuses to deallocate a PD that still holds
-// regions. shared/reference/verbs-semantics.md lists the rules and their
+// ib_umem_get accounts pinned_vm, enforces max_mr and max_pd, and refuses
+// to deallocate a PD that still holds regions. Its keys are the one place
+// it departs from rxe on purpose: 32 random bits (nonzero, unique among
+// live regions, lkey == rkey) instead of rxe's index<<8 | random byte, so
+// that a key cannot be guessed from another. shared/reference/verbs-semantics.md lists the rules and their
 // sources.
 //
 // It also plays the responder of an RC queue pair (pd.Responder): one-sided
@@ -14,7 +15,7 @@
 // transport of remote/server.
 //
 // Locking: each device has one mutex (device.mu) for its PDs, regions and
-// index pool, and one RWMutex (device.mem) that responders hold for
+// keys, and one RWMutex (device.mem) that responders hold for
 // reading while they touch registered memory and that Dereg and Close
 // take for writing; pinning has one process-wide mutex (pins.mu).
 // Lock order is device.mem, device.mu, pins.mu. mlock runs without
@@ -33,7 +34,7 @@ import (
 // Options configure the soft device.
 type Options struct {
 	DeviceName string // "" -> "soft0"
-	MaxMR      int    // 0 -> 524287 (rxe's max_mr); capped at 1<<24-1, the keys' index range
+	MaxMR      int    // 0 -> 524287 (rxe's max_mr); capped at 1<<24-1 (maxMR)
 	// MaxMRSize caps a region's length (EINVAL past it), as devices do
 	// that register at most so much at once; 0: rxe's, no limit.
 	MaxMRSize uint64
@@ -43,8 +44,9 @@ type Options struct {
 const (
 	rxeMaxMR = 1<<19 - 1
 	rxeMaxPD = 1 << 20
-	// maxIndex keeps index<<8 inside a 32-bit key.
-	maxIndex = 1<<24 - 1
+	// maxMR keeps at most one key in 256 taken, so that a fresh random
+	// key is found in a try or two.
+	maxMR = 1<<24 - 1
 )
 
 // deviceAccess is what rxe accepts in reg_mr: ZERO_BASED and ON_DEMAND
@@ -60,7 +62,7 @@ func New(opt Options) verbs.Provider {
 	if opt.MaxMR <= 0 {
 		opt.MaxMR = rxeMaxMR
 	}
-	opt.MaxMR = min(opt.MaxMR, maxIndex)
+	opt.MaxMR = min(opt.MaxMR, maxMR)
 	return &provider{dev: newDevice(opt)}
 }
 
@@ -75,7 +77,7 @@ func (p *provider) Devices() ([]verbs.DeviceInfo, error) {
 }
 
 // Open returns a new context on the device. Contexts share the device's
-// index pool and PD numbering, as contexts of one rxe device do.
+// regions and PD numbering, as contexts of one rxe device do.
 func (p *provider) Open(name string) (verbs.Device, error) {
 	if name != "" && name != p.dev.name {
 		return nil, fmt.Errorf("open device %q: soft has only %q: %w", name, p.dev.name, syscall.ENODEV)

@@ -1,6 +1,7 @@
 package soft
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -33,11 +34,11 @@ func TestConformance(t *testing.T) {
 }
 
 // The suite with the options verbs/ibv runs on rxe, but for the pin
-// field. The remaining differences are listed at the top of verbstest's
-// cases.go.
+// field and the keys. The remaining differences are listed at the top of
+// verbstest's cases.go.
 func TestConformanceRxeMode(t *testing.T) {
 	opt := verbstest.RxeOptions()
-	opt.PinField = "VmLck"
+	opt.PinField, opt.RxeKeys = "VmLck", false
 	verbstest.RunWith(t, func(t *testing.T) verbs.Provider { return New(Options{}) }, opt)
 }
 
@@ -82,47 +83,57 @@ func TestAttr(t *testing.T) {
 		t.Errorf("device %q attr %+v, want soft0 %+v", dev.Name(), dev.Attr(), want)
 	}
 	dev, _ = open(t, Options{MaxMR: 1 << 30})
-	if a := dev.Attr(); a.MaxMR != maxIndex {
+	if a := dev.Attr(); a.MaxMR != maxMR {
 		t.Errorf("huge MaxMR: %+v", a)
 	}
 }
 
-// Keys follow rxe: index<<8 | random byte, indices cyclic over [1, MaxMR]
-// skipping live ones.
-func TestKeyIndices(t *testing.T) {
+// Keys are 32 random bits, lkey == rkey: over many registrations every
+// bit of the key is sometimes set and sometimes clear (rxe's keys, an
+// index above a random byte, keep their upper bits for long stretches).
+func TestKeysRandom(t *testing.T) {
 	_, pd := open(t, Options{MaxMR: 4})
 	addr, _ := verbstest.Map(t, 4096)
-	var mrs []verbs.MR
-	for want := uint32(1); want <= 4; want++ {
-		mr := reg(t, pd, addr, 1, 0)
-		if mr.LKey()>>8 != want || mr.RKey() != mr.LKey() {
-			t.Fatalf("region %d: lkey 0x%x rkey 0x%x", want, mr.LKey(), mr.RKey())
+	const n = 512
+	var set [32]int
+	for range n {
+		mr := reg(t, pd, addr, 4096, 0)
+		k := mr.LKey()
+		if k == 0 || mr.RKey() != k {
+			t.Fatalf("lkey 0x%x rkey 0x%x, want equal and nonzero", k, mr.RKey())
 		}
-		mrs = append(mrs, mr)
+		for b := range set {
+			set[b] += int(k >> b & 1)
+		}
+		mr.Dereg()
 	}
-	mrs[1].Dereg()
-	mrs[2].Dereg()
-	if ix := reg(t, pd, addr, 1, 0).LKey() >> 8; ix != 2 {
-		t.Errorf("after wrapping got index %d, want 2 (the first free)", ix)
-	}
-	if ix := reg(t, pd, addr, 1, 0).LKey() >> 8; ix != 3 {
-		t.Errorf("got index %d, want 3", ix)
+	for b, c := range set {
+		// Binomial(512, 1/2): outside [n/4, 3n/4] about once in 10^29.
+		if c < n/4 || c > 3*n/4 {
+			t.Errorf("key bit %d set in %d of %d keys; a random bit would be near %d", b, c, n, n/2)
+		}
 	}
 }
 
-// The random byte varies: over many registrations of one index the low
-// bytes are not all equal.
-func TestKeyByteRandom(t *testing.T) {
-	_, pd := open(t, Options{MaxMR: 1})
+// A random key that is zero or held by a live region (or one still
+// registering) is drawn again.
+func TestKeyCollisions(t *testing.T) {
+	_, pd := open(t, Options{})
 	addr, _ := verbstest.Map(t, 4096)
-	seen := map[uint32]bool{}
-	for range 64 {
-		mr := reg(t, pd, addr, 4096, 0)
-		seen[mr.LKey()&0xff] = true
-		mr.Dereg()
+	draws := []uint32{0, 0x11223344, 0x11223344, 0, 0x55667788}
+	old := randRead
+	t.Cleanup(func() { randRead = old })
+	randRead = func(b []byte) {
+		if len(draws) == 0 {
+			t.Fatal("more draws than the test planned")
+		}
+		binary.LittleEndian.PutUint32(b, draws[0])
+		draws = draws[1:]
 	}
-	if len(seen) < 8 {
-		t.Errorf("only %d distinct key bytes in 64 registrations", len(seen))
+	a := reg(t, pd, addr, 4096, 0)
+	b := reg(t, pd, addr, 4096, 0)
+	if a.LKey() != 0x11223344 || b.LKey() != 0x55667788 {
+		t.Errorf("keys 0x%x, 0x%x; want 0x11223344 (zero skipped), 0x55667788 (the live key and zero skipped)", a.LKey(), b.LKey())
 	}
 }
 
@@ -285,7 +296,7 @@ func TestCloseReleases(t *testing.T) {
 	_, err = dev.AllocPD()
 	verbstest.WantErrno(t, err, syscall.ENODEV)
 	verbstest.WantErrno(t, dev.Close(), syscall.ENODEV)
-	// The index went back to the device's pool.
+	// The region left the device: max_mr counts it no more.
 	dev2, _ := p.Open("")
 	defer dev2.Close()
 	pd2, _ := dev2.AllocPD()

@@ -38,13 +38,14 @@ const remoteAccess = verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic
 //     on a kernel that does not copy pinned pages at fork, before 5.13):
 //     then its madvise(MADV_DONTFORK) fails first and reg_mr gives
 //     ENOMEM. On 6.1 libibverbs finds fork protection unneeded.
-//   - keys: both use index<<8 | a random byte with a cyclic index, so
+//   - keys: rxe uses index<<8 | a random byte with a cyclic index, so
 //     a live rkey is guessed 1 time in 256 once its (sequential) index is
-//     known. Not a difference; randomness is checked on soft only
-//     (mlx5's low byte is a counter).
+//     known (Options.RxeKeys; mlx5's low byte is even a counter). Soft
+//     keys are 32 random bits, for mrfs's own sake (docs/DESIGN.md), so
+//     soft does not promise RxeKeys; both give live regions distinct keys
+//     with lkey == rkey. Randomness is checked on soft only.
 //   - MR indices: rxe hands out [1, 0x80000] while reporting max_mr
-//     0x7FFFF; soft uses [1, MaxMR]. The suite never fills rxe
-//     (MaxExhaust).
+//     0x7FFFF. The suite never fills rxe (MaxExhaust).
 //   - Close with live regions: the kernel releases them when the device
 //     file closes and libibverbs frees nothing; soft releases them
 //     itself. Both then answer ENODEV to every call.

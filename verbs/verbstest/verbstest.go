@@ -28,7 +28,8 @@ import (
 // Options state what a provider promises beyond the verbs contract.
 type Options struct {
 	// RxeKeys: keys are index<<8 | one byte with lkey == rkey, and the
-	// index comes from a cyclic allocator over [1, MaxMR] (rxe, soft).
+	// index comes from a cyclic allocator over [1, MaxMR] (rxe; soft
+	// keys are random).
 	RxeKeys bool
 	// PinField is the /proc/self/status field that grows by a region's
 	// whole pages while it is registered: "VmPin" where the kernel pins
@@ -45,12 +46,12 @@ type Options struct {
 }
 
 // DefaultOptions infers Options from a provider: the soft backend
-// promises everything; rxe devices (names starting "rxe") promise rxe
+// promises everything but rxe's keys; rxe devices (names starting "rxe") promise rxe
 // keys, possibly rkey 0 without remote access, and pin in VmPin;
 // anything else gets only the contract.
 func DefaultOptions(p verbs.Provider) Options {
 	if p.Name() == "soft" {
-		return Options{RxeKeys: true, PinField: "VmLck"}
+		return Options{PinField: "VmLck"}
 	}
 	if devs, err := p.Devices(); err == nil && len(devs) > 0 && strings.HasPrefix(devs[0].Name, "rxe") {
 		return RxeOptions()
@@ -59,8 +60,8 @@ func DefaultOptions(p verbs.Provider) Options {
 }
 
 // RxeOptions returns the options for an rxe device. The soft backend
-// in its rxe mode passes the same but for PinField (see the differences
-// listed in cases.go).
+// in its rxe mode passes the same but for PinField and RxeKeys (see the
+// differences listed in cases.go).
 func RxeOptions() Options {
 	return Options{RxeKeys: true, PinField: "VmPin", LocalRKeyZero: true}
 }
