@@ -220,3 +220,35 @@ func TestWritePastMaxPinned(t *testing.T) {
 		t.Errorf("prefix after truncate: %v", err)
 	}
 }
+
+// TestMkdirPastMaxPD: each directory is a protection domain; past the
+// device's max_pd, mkdir is ENOSPC and the log names max_pd (not the
+// device's EINVAL, which names nothing), and an rmdir makes room.
+func TestMkdirPastMaxPD(t *testing.T) {
+	t.Parallel()
+	if !backend.soft() {
+		// A real device's max_pd cannot be lowered (rxe's is 1048576):
+		// the rule is checked on the soft model, which refuses as rxe does.
+		backend.differs(t, "max_pd is the device's, too many directories to fill here")
+		return
+	}
+	d := startDaemon(t, daemonConfig{Verbs: "soft_max_pd = 4"})
+	for _, dir := range []string{"a", "b", "c"} { // and the root's PD
+		if err := os.Mkdir(d.path(dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, errOut, err := run(t, "mkdir", d.path("d"))
+	if err == nil || !strings.Contains(errOut, "No space left on device") {
+		t.Errorf("mkdir past max_pd 4: %v %q; want No space left on device", err, errOut)
+	}
+	if _, ok := d.waitLog(regexp.MustCompile(`max_pd.*value=4|limit=max_pd`), 2*time.Second); !ok {
+		t.Error("the log does not name max_pd")
+	}
+	if err := os.Remove(d.path("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(d.path("d"), 0o755); err != nil {
+		t.Errorf("mkdir once a directory went: %v", err)
+	}
+}

@@ -13,7 +13,7 @@ import (
 // in and sees a device, else soft; the log says which and why.
 func chooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) {
 	softProvider := func() verbs.Provider {
-		return soft.New(soft.Options{MaxMR: cfg.SoftMaxMR, MaxMRSize: uint64(cfg.SoftMaxMRSize)})
+		return soft.New(soft.Options{MaxMR: cfg.SoftMaxMR, MaxMRSize: uint64(cfg.SoftMaxMRSize), MaxPD: cfg.SoftMaxPD})
 	}
 	switch cfg.Backend {
 	case config.BackendSoft:

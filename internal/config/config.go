@@ -45,6 +45,10 @@ type Verbs struct {
 	// size, to model devices that register at most so much in one region
 	// (buffers past it take several); 0: none. The rdma backend refuses it.
 	SoftMaxMRSize Size
+	// SoftMaxPD (verbs.soft_max_pd) caps the soft device's protection
+	// domains (directories); 0 keeps rxe's 1048576. The rdma backend
+	// refuses it.
+	SoftMaxPD int
 }
 
 // Buffers is the [buffers] table: what new files get and the limits.

@@ -123,6 +123,7 @@ backend = "soft"
 device = "soft0"
 soft_max_mr = 16
 soft_max_mr_size = "1GiB"
+soft_max_pd = 5
 
 [buffers]
 default_size = "64KiB"
@@ -165,7 +166,7 @@ lease = "30s"
 `)
 	want := Config{
 		Publish: Publish{Endpoints: []string{"http://10.0.0.5:2379", "https://etcd.example:2379"}, Prefix: "/rdma", Lease: 30 * time.Second},
-		Verbs:   Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16, SoftMaxMRSize: 1 << 30},
+		Verbs:   Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16, SoftMaxMRSize: 1 << 30, SoftMaxPD: 5},
 		Buffers: Buffers{
 			DefaultSize:       65536,
 			DefaultAccess:     verbs.LocalWrite | verbs.RemoteRead,
@@ -286,6 +287,8 @@ func TestValidation(t *testing.T) {
 	mustParse(t, "[verbs]\nbackend = \"auto\"\nsoft_max_mr = 8")
 	wantErr(t, "verbs.soft_max_mr_size = 100", "verbs.soft_max_mr_size", "less than a page")
 	wantErr(t, "[verbs]\nbackend = \"rdma\"\nsoft_max_mr_size = \"1GiB\"", "verbs.soft_max_mr_size", "soft backend")
+	wantErr(t, "verbs.soft_max_pd = -1", "verbs.soft_max_pd", "-1")
+	wantErr(t, "[verbs]\nbackend = \"rdma\"\nsoft_max_pd = 4", "verbs.soft_max_pd", "soft backend")
 	wantErr(t, "buffers.populate_workers = -1", "buffers.populate_workers", "-1")
 	wantErr(t, "buffers.populate_workers = 257", "buffers.populate_workers", "257")
 	mustParse(t, "buffers.populate_workers = 256\nbuffers.populate_threshold = 0")

@@ -26,6 +26,7 @@ type file struct {
 		Device        string `toml:"device"`
 		SoftMaxMR     int    `toml:"soft_max_mr"`
 		SoftMaxMRSize Size   `toml:"soft_max_mr_size"`
+		SoftMaxPD     int    `toml:"soft_max_pd"`
 	} `toml:"verbs"`
 	Buffers struct {
 		DefaultSize       Size       `toml:"default_size"`
@@ -76,7 +77,7 @@ func decode(data []byte) (Config, error) { return decodeOnto(Default(), data) }
 func decodeOnto(d Config, data []byte) (Config, error) {
 	var f file
 	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
-	f.Verbs.SoftMaxMRSize = d.Verbs.SoftMaxMRSize
+	f.Verbs.SoftMaxMRSize, f.Verbs.SoftMaxPD = d.Verbs.SoftMaxMRSize, d.Verbs.SoftMaxPD
 	f.Buffers.PopulateThreshold, f.Buffers.PopulateWorkers = d.Buffers.PopulateThreshold, d.Buffers.PopulateWorkers
 	f.Buffers.MaxRegionSize = d.Buffers.MaxRegionSize
 	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
@@ -101,7 +102,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	}
 	level, _ := parseLevel(string(f.Log.Level)) // checked by UnmarshalTOML
 	return Config{
-		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, SoftMaxMR: f.Verbs.SoftMaxMR, SoftMaxMRSize: f.Verbs.SoftMaxMRSize},
+		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, SoftMaxMR: f.Verbs.SoftMaxMR, SoftMaxMRSize: f.Verbs.SoftMaxMRSize, SoftMaxPD: f.Verbs.SoftMaxPD},
 		Buffers: Buffers{
 			DefaultSize:       f.Buffers.DefaultSize,
 			DefaultAccess:     verbs.Access(f.Buffers.DefaultAccess),

@@ -48,6 +48,12 @@ func (c Config) Validate() error {
 		// nothing would mislead.
 		bad("verbs.soft_max_mr", "%d is set but the backend is rdma; it applies only to the soft backend (remove it or set it to 0)", c.Verbs.SoftMaxMR)
 	}
+	switch n := c.Verbs.SoftMaxPD; {
+	case n < 0:
+		bad("verbs.soft_max_pd", "%d is negative; use 0 (the device default) or a positive count", n)
+	case n != 0 && c.Verbs.Backend == BackendRDMA:
+		bad("verbs.soft_max_pd", "%d is set but the backend is rdma; it applies only to the soft backend (remove it or set it to 0)", n)
+	}
 	switch sz := c.Verbs.SoftMaxMRSize; {
 	case sz != 0 && sz < 4096:
 		bad("verbs.soft_max_mr_size", "%s is less than a page; use 0 (none) or at least 4096", sz)

@@ -44,7 +44,7 @@ func newDevice(opt Options) *device {
 			MaxMR:       opt.MaxMR,
 			MaxMRSize:   maxMRSize,
 			PageSizeCap: 0xFFFFF000,
-			MaxPD:       rxeMaxPD,
+			MaxPD:       opt.MaxPD,
 			Access:      deviceAccess,
 		},
 		mrs: map[uint32]*mr{},

@@ -38,6 +38,8 @@ type Options struct {
 	// MaxMRSize caps a region's length (EINVAL past it), as devices do
 	// that register at most so much at once; 0: rxe's, no limit.
 	MaxMRSize uint64
+	// MaxPD caps the protection domains (EINVAL past it); 0: rxe's 1<<20.
+	MaxPD int
 }
 
 // Limits of rxe (rxe_param.h) that the model copies.
@@ -63,6 +65,9 @@ func New(opt Options) verbs.Provider {
 		opt.MaxMR = rxeMaxMR
 	}
 	opt.MaxMR = min(opt.MaxMR, maxMR)
+	if opt.MaxPD <= 0 {
+		opt.MaxPD = rxeMaxPD
+	}
 	return &provider{dev: newDevice(opt)}
 }
 
