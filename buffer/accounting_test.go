@@ -180,7 +180,8 @@ func TestAdmissionAtomic(t *testing.T) {
 		used, _, _ := st.Usage()
 		return sysmem.Memory{Total: 1 << 40, Available: base - min(base, used)}, nil
 	}
-	e := setup(t, buffer.Options{Memory: mem}, 0)
+	// A budget of its own, so that the store counts what it holds.
+	e := setup(t, buffer.Options{Memory: mem, MaxPinned: 1 << 30}, 0)
 	st = e.m.Options().Store
 	const n = 16
 	bufs := make([]*buffer.Buffer, n)
@@ -335,5 +336,58 @@ func TestFallocateHugeCharged(t *testing.T) {
 	}
 	if got := held(t, e); got > 5<<19 {
 		t.Fatalf("the store holds %d for the file, past the quota", got)
+	}
+}
+
+// What a client writes past the end through a zero-copy open, past its
+// owner's quota, is taken back: at the writer's close (Flush: EDQUOT), or
+// when another user's call needs the room, and then that writer's close
+// says so. The other user, inside its quota, is not refused.
+func TestWritesPastQuotaTakenBack(t *testing.T) {
+	needTmpfs(t)
+	e := setup(t, buffer.Options{MaxPinned: 16 * page, MaxPinnedPerUser: 8 * page}, 0)
+	z, err := e.m.Create(e.d, 2*page, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := outside(t, z)
+	if _, err := f.WriteAt(make([]byte, 4*page), 2*page); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Flush(); err != nil {
+		t.Fatalf("a writer's close within the quota: %v", err)
+	}
+	check(t, e, z, 6*page, buffer.Registered)
+	if _, err := f.WriteAt(make([]byte, 6*page), 6*page); err != nil {
+		t.Fatal(err)
+	}
+	errnoIs(t, z.Flush(), syscall.EDQUOT)
+	check(t, e, z, 6*page, buffer.Registered)
+	if got := held(t, e); got != 6*page {
+		t.Fatalf("held %d after the writes past the quota were taken back", got)
+	}
+	// Past the quota again, seen (a stat charges it: the owner holds 12
+	// pages of its 8) but not closed yet; another user needs the room.
+	if _, err := f.WriteAt(make([]byte, 6*page), 6*page); err != nil {
+		t.Fatal(err)
+	}
+	errnoIs(t, z.Sync(), syscall.EDQUOT)
+	if got := z.Charged(); got != 12*page {
+		t.Fatalf("z charged %d after a look at its 12 pages", got)
+	}
+	other, err := e.m.Create(e.d, 0, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Resize(context.Background(), 8*page); err != nil {
+		t.Fatalf("a user inside its quota, with another's writes past its own in the store: %v", err)
+	}
+	check(t, e, z, 6*page, buffer.Registered)
+	errnoIs(t, z.Flush(), syscall.EDQUOT)
+	if err := z.Flush(); err != nil {
+		t.Fatalf("the next close: %v", err)
+	}
+	if got := held(t, e); got != 14*page {
+		t.Fatalf("held %d", got)
 	}
 }

@@ -59,6 +59,8 @@ type Buffer struct {
 	orphan         bool
 	reserved       uint64
 
+	cut bool // guarded by mu: writes past the quota were taken back since the last Flush
+
 	pageSize atomic.Uint64 // PageSize's answer; 0: not learned since the last registration
 	// busy is set, while mu is held, for a registration that takes a
 	// while: Info, Regions, PageSize and Sync answer from it rather than
@@ -383,6 +385,16 @@ func (b *Buffer) registerLocked(ctx context.Context, n uint64, d *Domain, a verb
 		prog = &bs.prog
 	}
 	rs, err := m.register(ctx, b.f, d.pd, d.handle, mp.base, n, oldLen, oldLen, b.owner, a, prog)
+	if isLimit(err, limitStore) {
+		// The store filled between admission and population: clients
+		// wrote unseen meanwhile. What they wrote past their quotas is
+		// taken back; one more try.
+		m.chargeUnseen(b)
+		if prog != nil {
+			prog.done.Store(0)
+		}
+		rs, err = m.register(ctx, b.f, d.pd, d.handle, mp.base, n, oldLen, oldLen, b.owner, a, prog)
+	}
 	if err != nil {
 		if !reuse {
 			m.unmap(&mp)

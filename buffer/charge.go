@@ -376,7 +376,8 @@ func (b *Buffer) orphanNow() bool {
 }
 
 // chargeUnseen charges, to their owners, what clients wrote through
-// zero-copy opens since the daemon last looked: the buffers with writable
+// zero-copy opens since the daemon last looked, and takes back what they
+// wrote past their owners' quotas (cutLocked): the buffers with writable
 // opens other than skip, each looked at unless busy (a registration holds
 // it, or skip's caller could be waiting on it: never wait here).
 func (m *Manager) chargeUnseen(skip *Buffer) {
@@ -394,7 +395,76 @@ func (m *Manager) chargeUnseen(skip *Buffer) {
 		}
 		if b.gone == nil {
 			b.settleFileLocked()
+			b.cutLocked()
 		}
 		b.mu.Unlock()
 	}
+}
+
+// Writes past the end through a zero-copy open are the one way to add
+// memory the daemon does not see first, and the kernel bounds them only
+// by the store. So what they add past the owner's quota is taken back:
+// at the writer's close (Flush), and when another call needs the room
+// (chargeUnseen); the writer's close then fails with EDQUOT, as a write
+// past a quota does elsewhere, only later.
+
+// errCut is the writer's word that its writes past the end were taken
+// back: they passed its owner's quota.
+var errCut = fmt.Errorf("written past max_pinned_per_user through a zero-copy open; cut back: %w", syscall.EDQUOT)
+
+// cutLocked takes the file back to its registered length when its owner
+// holds more than its quota and the file grew past that length unseen,
+// and says whether it did. Callers hold b.mu.
+func (b *Buffer) cutLocked() bool {
+	m := b.m
+	quota := m.opt.MaxPinnedPerUser
+	if quota == 0 || b.gone != nil {
+		return false
+	}
+	m.mu.Lock()
+	over := m.user(b.owner).Charged > quota
+	m.unuse(b.owner)
+	m.mu.Unlock()
+	keep := b.regs.length()
+	size, _, err := b.f.Stat()
+	if !over || err != nil || size <= keep {
+		return false
+	}
+	if err := b.f.Truncate(keep); err != nil {
+		m.log.Error("cannot take back writes past a quota", "err", err)
+		return false
+	}
+	b.size, b.reason, b.cut = keep, "", true
+	b.settleFileLocked()
+	m.events.LimitHit(string(limitPerUser))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Its own line in the log, rate-limited apart from the quota's
+	// refusals: bytes a client wrote were dropped.
+	if t := now(); t.Sub(m.warned[limitCut]) >= warnEvery || m.warned[limitCut].IsZero() {
+		m.warned[limitCut] = t
+		m.log.Warn(fmt.Sprintf("uid %d wrote %s past the end of a file through a zero-copy open, past its max_pinned_per_user (%s): taken back; the writer's close fails with EDQUOT", b.owner, bytesize.Format(size-keep), bytesize.Format(quota)),
+			"limit", string(limitPerUser), "value", quota, "uid", b.owner, "cut", size-keep)
+	}
+	return true
+}
+
+// Flush is a writer's close: Sync, and what the client wrote past the
+// owner's quota through its zero-copy open is taken back (cutLocked), so
+// that it does not outlive the close: EDQUOT then (also when another
+// call took it back meanwhile).
+func (b *Buffer) Flush() error {
+	if b.lockOrBusy(true) != nil {
+		return nil
+	}
+	defer b.mu.Unlock()
+	if b.gone != nil {
+		return fmt.Errorf("flush: %w", b.gone)
+	}
+	err := b.syncLocked()
+	if b.cutLocked() || b.cut {
+		b.cut = false
+		return fmt.Errorf("flush: %w", errCut)
+	}
+	return err
 }

@@ -29,6 +29,8 @@ const (
 	limitMaxMapCount limitKind = "vm.max_map_count"
 	limitStore       limitKind = "store"
 	limitMaxPD       limitKind = "max_pd"
+	// limitCut keys the log of writes taken back past a quota.
+	limitCut limitKind = "writes past max_pinned_per_user"
 )
 
 // limitError is a refusal because of a limit: the errno (or the device's
@@ -117,8 +119,9 @@ const releaseWait = 500 * time.Millisecond
 
 // admit decides whether b's file may hold held+add bytes of the store
 // (what it holds now, and the most the operation may add) and charges
-// them to b's owner when so, in one step under m.mu: concurrent requests see each other's
-// charges, so they can never pass together a bound each would pass alone.
+// them to b's owner when so, in one step under m.mu: concurrent requests
+// see each other's charges, so they can never pass together a bound each
+// would pass alone.
 // grows says the operation adds memory or registers more; otherwise
 // (pages that exist already, a client's unseen writes) the charge is
 // taken without a check. In order:
@@ -131,9 +134,10 @@ const releaseWait = 500 * time.Millisecond
 //     ENOSPC for the store, ENOMEM for the others.
 //
 // A refusal that unlinked files still held open would lift once released
-// waits for them briefly (releaseWait); one of the store, which holds
-// more than is charged, first charges what clients wrote unseen and asks
-// again, so that the refusal names whose memory it is.
+// waits for them briefly (releaseWait); one of the budget or the store
+// first charges what clients wrote unseen, and takes back what they
+// wrote past their quotas (chargeUnseen), and asks again: a user inside
+// its quota is not refused for another's writes past its own.
 func (m *Manager) admit(b *Buffer, held, add uint64, grows bool) error {
 	deadline := time.Now().Add(releaseWait)
 	unseen := false
@@ -144,7 +148,7 @@ func (m *Manager) admit(b *Buffer, held, add uint64, grows bool) error {
 		if r == nil {
 			return nil
 		}
-		if r.kind == limitStore && !unseen {
+		if (r.kind == limitStore || r.kind == limitMaxPinned) && !unseen {
 			unseen = true
 			m.mu.Unlock()
 			m.chargeUnseen(b)
@@ -289,6 +293,8 @@ func (m *Manager) memoryLeftLocked(need uint64) (sysmem.Memory, error) {
 	}
 	// Pages admitted but maybe not made yet are not in the reading.
 	m.mem, m.memAt, m.memSince = mem, now(), m.inflight
+	mem.Available -= min(mem.Available, m.inflight)
+	mem.CgroupUsage += m.inflight
 	return mem, nil
 }
 
@@ -331,6 +337,12 @@ func (m *Manager) classifyFd(err error) error {
 		fmt.Sprintf("RLIMIT_NOFILE (%d) reached", rl.Cur),
 		fmt.Sprintf("out of file descriptors: RLIMIT_NOFILE is %d and clients hold %d open buffers; raise it with `ulimit -n` (LimitNOFILE= in a systemd unit)", rl.Cur, m.Stats().OpenFds),
 		"value", rl.Cur)
+}
+
+// isLimit says whether err is a refusal by limit kind.
+func isLimit(err error, kind limitKind) bool {
+	var le *limitError
+	return errors.As(err, &le) && le.kind == kind
 }
 
 // reason is the Info.Reason for an error that left a registration short

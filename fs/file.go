@@ -83,12 +83,17 @@ func (n *bufferNode) sync() error {
 }
 
 // flush is the close() of a handle: a writer learns there that what it
-// wrote could not be registered.
+// wrote could not be registered, or was taken back, past its owner's
+// quota (buffer.Flush).
 // A buffer already freed (unlinked, or the mount shutting down) has
 // nothing left to register: its writer closes cleanly.
 func (n *bufferNode) flush(writable bool) syscall.Errno {
-	err := n.sync()
-	if err == nil || !writable || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) {
+	if !writable {
+		n.sync()
+		return 0
+	}
+	err := n.buf.Flush()
+	if err == nil || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) {
 		return 0
 	}
 	return toErrno(n.fsys.log, "flush", err)

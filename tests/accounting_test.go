@@ -159,9 +159,9 @@ func run2(t *testing.T, name string, args ...string) (string, error) {
 
 // TestZeroCopyWritesCharged: what a client writes past the end through a
 // zero-copy open is charged to the file's owner once the daemon sees it
-// (at close): within the quota it is registered; past it the writer's
-// close says so (EDQUOT), the pages are still the owner's (not
-// nobody's), its next growth is EDQUOT, and another user is not refused.
+// (at close): within the quota it is registered; past it, it is taken
+// back and the writer's close says so (EDQUOT), as a write past a quota
+// fails elsewhere; another user is not refused for it.
 func TestZeroCopyWritesCharged(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{Buffers: "max_pinned = \"64MiB\"\nmax_pinned_per_user = \"8MiB\"", Mount: "allow_other = true"})
@@ -179,26 +179,22 @@ func TestZeroCopyWritesCharged(t *testing.T) {
 		t.Errorf("12 MiB more past an 8 MiB quota: %v %q; want dd to report Disk quota exceeded at close", err, out)
 	}
 	s = requireHeld(t, d, "after the writes past the quota")
-	if got := s.Users["2001"].ChargedBytes; got != 16<<20 {
-		t.Errorf("uid 2001 charged %d, want all 16 MiB its files hold", got)
+	if got := s.Users["2001"].ChargedBytes; got != 4<<20 {
+		t.Errorf("uid 2001 charged %d, want the 4 MiB of f: g's writes past the quota are taken back", got)
 	}
-	if st := mustXattr(t, filepath.Join(shared, "g"), xState); !strings.Contains(st, "max_pinned_per_user") {
-		t.Errorf("g's state %q does not name the quota", st)
+	if fi, err := os.Stat(filepath.Join(shared, "g")); err != nil || fi.Size() != 0 {
+		t.Errorf("g after writes past the quota: %v, %v; want 0 bytes", fi, err)
 	}
-	out, err = asUser(2001, `truncate -s 1M "$1/h"`, shared)
-	if err == nil || !strings.Contains(out, "Disk quota exceeded") {
-		t.Errorf("uid 2001 over its quota grew another file: %v %q", err, out)
+	if _, ok := d.waitLog(regexp.MustCompile(`uid 2001 wrote .* past its max_pinned_per_user`), 2*time.Second); !ok {
+		t.Error("the log does not say writes past the quota were taken back")
 	}
 	if out, err := asUser(2002, `truncate -s 8M "$1/other"`, shared); err != nil {
 		t.Errorf("uid 2002 inside its quota: %v %s", err, out)
 	}
-	if err := os.Remove(filepath.Join(shared, "g")); err != nil {
-		t.Fatal(err)
+	if out, err := asUser(2001, `truncate -s 4M "$1/h"`, shared); err != nil {
+		t.Errorf("uid 2001 inside its quota again: %v %s", err, out)
 	}
-	s = requireHeld(t, d, "after rm g")
-	if s.Users["2001"].ChargedBytes != 4<<20 {
-		t.Errorf("uid 2001 charged %d after rm g, want 4 MiB", s.Users["2001"].ChargedBytes)
-	}
+	requireHeld(t, d, "at the end")
 }
 
 // TestOpenUnlinkedCharged: an unlinked file a client holds open keeps its
