@@ -378,8 +378,9 @@ func (b *Buffer) orphanNow() bool {
 // chargeUnseen charges, to their owners, what clients wrote through
 // zero-copy opens since the daemon last looked, and takes back what they
 // wrote past their owners' quotas (cutLocked): the buffers with writable
-// opens other than skip, each looked at unless busy (a registration holds
-// it, or skip's caller could be waiting on it: never wait here).
+// opens other than skip. A busy one (an operation holds it) is tried
+// again for a little while, never waited for: its holder could be waiting
+// for skip's lock, which skip's caller holds.
 func (m *Manager) chargeUnseen(skip *Buffer) {
 	m.mu.Lock()
 	ws := make([]*Buffer, 0, len(m.writers))
@@ -389,17 +390,29 @@ func (m *Manager) chargeUnseen(skip *Buffer) {
 		}
 	}
 	m.mu.Unlock()
-	for _, b := range ws {
-		if !b.mu.TryLock() {
-			continue
+	deadline := time.Now().Add(unseenWait)
+	for len(ws) > 0 {
+		busy := ws[:0]
+		for _, b := range ws {
+			if !b.mu.TryLock() {
+				busy = append(busy, b)
+				continue
+			}
+			if b.gone == nil {
+				b.settleFileLocked()
+				b.cutLocked()
+			}
+			b.mu.Unlock()
 		}
-		if b.gone == nil {
-			b.settleFileLocked()
-			b.cutLocked()
+		if ws = busy; len(ws) == 0 || time.Now().After(deadline) {
+			return
 		}
-		b.mu.Unlock()
+		time.Sleep(time.Millisecond)
 	}
 }
+
+// unseenWait bounds how long chargeUnseen tries busy buffers again.
+const unseenWait = 20 * time.Millisecond
 
 // Writes past the end through a zero-copy open are the one way to add
 // memory the daemon does not see first, and the kernel bounds them only

@@ -28,8 +28,10 @@ import (
 // kernel bounds those by the store only; past their owner's quota they
 // are taken back at the writer's close, or as soon as another call needs
 // the room). With every page charged, the only refusal a user can meet is
-// EDQUOT: no call of any user ends in ENOSPC or ENOMEM. At the end the
-// store holds what is charged, and after rm -r nothing.
+// EDQUOT: no call the daemon answers ends in ENOSPC or ENOMEM (a write
+// through a zero-copy open meets the kernel's bound, the store's size:
+// see below). At the end the store holds what is charged, and after rm -r
+// nothing.
 // MRFS_CHURN_SECONDS shortens the minute for a quick look.
 func TestSharedMountChurn(t *testing.T) {
 	t.Parallel()
@@ -166,7 +168,7 @@ func TestSharedMountChurn(t *testing.T) {
 		t.Error(sampleErr)
 	}
 
-	total := churnResult{Errs: map[string]int{}}
+	total := churnResult{Errs: map[string]int{}, Where: map[string]int{}}
 	for i, out := range outs {
 		b, err := os.ReadFile(out)
 		if err != nil {
@@ -180,17 +182,27 @@ func TestSharedMountChurn(t *testing.T) {
 		for k, v := range r.Errs {
 			total.Errs[k] += v
 		}
+		for k, v := range r.Where {
+			total.Where[k] += v
+		}
 	}
 	t.Logf("%d calls in %d s, refusals %v; root: %d chowns, %d refused; %d samples, %d with appends not seen yet", total.Ops, seconds, total.Errs, chowns, chownRefused, samples, unseen)
-	if total.Errs["ENOSPC"] > 0 || total.Errs["ENOMEM"] > 0 {
-		t.Errorf("users inside their quotas were refused with ENOSPC (%d) or ENOMEM (%d): some memory is charged to nobody", total.Errs["ENOSPC"], total.Errs["ENOMEM"])
+	// A write through a zero-copy open meets the store's own size, which
+	// the kernel applies: it may find the store full in the moment
+	// between another user's write past its quota and that writer's
+	// close, which takes it back. Every other call goes through the
+	// daemon, which charges before the pages exist.
+	zeroCopy := total.Where["zero-copy write: ENOSPC"]
+	t.Logf("writes through zero-copy opens that met a full store: %d", zeroCopy)
+	if n := total.Errs["ENOSPC"] - zeroCopy; n > 0 || total.Errs["ENOMEM"] > 0 {
+		t.Errorf("users were refused by the daemon with ENOSPC (%d) or ENOMEM (%d), though only EDQUOT can refuse them: some memory is charged to nobody (%v)", n, total.Errs["ENOMEM"], total.Where)
 	}
 	if total.Errs["EDQUOT"] == 0 || samples < seconds {
 		t.Errorf("the quotas were never reached (%d EDQUOT) or the invariants seldom looked at (%d samples): the test proves little", total.Errs["EDQUOT"], samples)
 	}
 	for k, v := range total.Errs {
-		if k != "EDQUOT" && k != "EACCES" && k != "ENOENT" && k != "EPERM" {
-			t.Errorf("%d calls failed with %s", v, k)
+		if k != "EDQUOT" && k != "EACCES" && k != "ENOENT" && k != "EPERM" && k != "ENOSPC" && k != "ENOMEM" {
+			t.Errorf("%d calls failed with %s (%v)", v, k, total.Where)
 		}
 	}
 	if d.exited() {
@@ -218,6 +230,9 @@ const churnEnv = "MRFS_CHURN_DIR"
 type churnResult struct {
 	Ops  int            `json:"ops"`
 	Errs map[string]int `json:"errs"`
+	// Where are the refusals other than EDQUOT, EACCES, EPERM and ENOENT,
+	// by the call that met them.
+	Where map[string]int `json:"where"`
 }
 
 // churnWorker is one user of TestSharedMountChurn: eight threads, each on
@@ -229,7 +244,7 @@ func churnWorker() int {
 	uid := os.Getenv("MRFS_CHURN_UID")
 	deadline := time.Now().Add(time.Duration(seconds) * time.Second)
 	var mu sync.Mutex
-	res := churnResult{Errs: map[string]int{}}
+	res := churnResult{Errs: map[string]int{}, Where: map[string]int{}}
 	var wg sync.WaitGroup
 	for th := range 8 {
 		wg.Go(func() {
@@ -244,6 +259,9 @@ func churnWorker() int {
 			res.Ops += w.ops
 			for k, v := range w.errs {
 				res.Errs[k] += v
+			}
+			for k, v := range w.where {
+				res.Where[k] += v
 			}
 			mu.Unlock()
 		})
@@ -263,6 +281,8 @@ type churner struct {
 	files []string
 	ops   int
 	errs  map[string]int
+	where map[string]int
+	op    string // the step under way, for where
 }
 
 // note counts a call and its refusal, if any.
@@ -274,11 +294,19 @@ func (c *churner) note(err error) bool {
 	if c.errs == nil {
 		c.errs = map[string]int{}
 	}
+	name := err.Error()
 	var e syscall.Errno
 	if errors.As(err, &e) {
-		c.errs[unix.ErrnoName(e)]++
-	} else {
-		c.errs[err.Error()]++
+		name = unix.ErrnoName(e)
+	}
+	c.errs[name]++
+	switch name {
+	case "EDQUOT", "EACCES", "EPERM", "ENOENT":
+	default:
+		if c.where == nil {
+			c.where = map[string]int{}
+		}
+		c.where[c.op+": "+name]++
 	}
 	return false
 }
@@ -296,12 +324,14 @@ func (c *churner) step() {
 	f := c.files[c.rng.IntN(len(c.files))]
 	switch c.rng.IntN(7) {
 	case 0: // truncate
+		c.op = "truncate"
 		fd, err := unix.Open(f, unix.O_CREAT|unix.O_RDWR, 0o644)
 		if c.note(err) {
 			c.note(unix.Ftruncate(fd, c.size()))
 			unix.Close(fd)
 		}
 	case 1, 2: // fallocate, with and without KEEP_SIZE
+		c.op = "fallocate"
 		fd, err := unix.Open(f, unix.O_CREAT|unix.O_RDWR, 0o644)
 		if c.note(err) {
 			mode := uint32(0)
@@ -312,14 +342,18 @@ func (c *churner) step() {
 			unix.Close(fd)
 		}
 	case 3: // an append through the zero-copy open: unseen until the close
+		c.op = "append"
 		fd, err := unix.Open(f, unix.O_CREAT|unix.O_WRONLY|unix.O_APPEND, 0o644)
 		if !c.note(err) {
 			return
 		}
+		c.op = "zero-copy write"
 		_, err = unix.Write(fd, make([]byte, 1+c.rng.IntN(256<<10)))
 		c.note(err)
+		c.op = "close after append"
 		c.note(unix.Close(fd))
 	case 4: // stores through MAP_SHARED, within the size
+		c.op = "mmap"
 		fd, err := unix.Open(f, unix.O_CREAT|unix.O_RDWR, 0o644)
 		if !c.note(err) {
 			return
@@ -339,6 +373,7 @@ func (c *churner) step() {
 		}
 		unix.MunmapPtr(p, uintptr(st.Size))
 	case 5: // unlink while open, and the calls an open unlinked file takes
+		c.op = "unlinked"
 		fd, err := unix.Open(f, unix.O_CREAT|unix.O_RDWR, 0o644)
 		if !c.note(err) {
 			return
@@ -350,6 +385,7 @@ func (c *churner) step() {
 		time.Sleep(time.Duration(c.rng.IntN(20)) * time.Millisecond)
 		c.note(unix.Close(fd))
 	case 6: // remove
+		c.op = "rm"
 		err := unix.Unlink(f)
 		if !errors.Is(err, unix.ENOENT) {
 			c.note(err)
