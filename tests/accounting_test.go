@@ -259,20 +259,20 @@ func TestOpenUnlinkedCharged(t *testing.T) {
 // daemon's last word on it, every time), then as a shell does it.
 func TestRemovedFileMakesRoom(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "64MiB"`})
+	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "16MiB"`})
 	for range 5 {
 		f, err := os.OpenFile(d.path("f"), os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.Write(make([]byte, 60<<20)); err != nil {
+		if _, err := f.Write(make([]byte, 15<<20)); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Remove(d.path("f")); err != nil {
 			t.Fatal(err)
 		}
 		f.Close()
-		makeBuffer(t, d.path("g"), 20<<20) // right after the close
+		makeBuffer(t, d.path("g"), 5<<20) // right after the close
 		if err := os.Remove(d.path("g")); err != nil {
 			t.Fatal(err)
 		}
@@ -280,9 +280,9 @@ func TestRemovedFileMakesRoom(t *testing.T) {
 	script := `
 set -u
 for i in 1 2 3 4 5 6 7 8; do
-  dd if=/dev/zero of="$1/f" bs=1M count=100 status=none 2>/dev/null && { echo "dd of 100 MiB fit a 64 MiB budget"; exit 1; }
+  dd if=/dev/zero of="$1/f" bs=1M count=24 status=none 2>/dev/null && { echo "dd of 24 MiB fit a 16 MiB budget"; exit 1; }
   rm "$1/f"
-  truncate -s 20M "$1/g" || { echo "truncate after rm failed, round $i"; exit 1; }
+  truncate -s 5M "$1/g" || { echo "truncate after rm failed, round $i"; exit 1; }
   rm "$1/g"
 done`
 	if out, err := run2(t, "sh", "-c", script, "sh", d.mnt); err != nil {

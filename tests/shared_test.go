@@ -104,7 +104,7 @@ func TestMapCountLimit(t *testing.T) {
 	if limit > 1<<20 {
 		t.Skipf("vm.max_map_count is %d on this machine: too many buffers to reach it in a test", limit)
 	}
-	d := startDaemon(t, daemonConfig{Buffers: fmt.Sprintf("max_buffers = %d\nmax_pinned = \"2GiB\"", 2*limit), Quiet: true, Hang: 5 * time.Minute})
+	d := startDaemon(t, daemonConfig{Buffers: fmt.Sprintf("max_buffers = %d\nmax_pinned = \"2GiB\"", 2*limit), Quiet: true, Hang: 10 * time.Minute})
 	dir := d.path("many")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
