@@ -48,6 +48,10 @@ type Options struct {
 	// ChunkDelay is a test hook: a pause after each chunk populated, so
 	// that a registration lasts long enough to watch or interrupt.
 	ChunkDelay time.Duration
+	// MapReserve is a test hook: the mappings left to the daemon below
+	// vm.max_map_count (0: 1/64 of it, at least 256), so that tests under
+	// emulation reach the limit with fewer buffers.
+	MapReserve int
 }
 
 // Events are what a Manager reports as it happens, for metrics. Calls are

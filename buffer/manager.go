@@ -94,6 +94,7 @@ func NewManager(dev verbs.Device, opt Options, log *slog.Logger) *Manager {
 		releases: make(chan struct{}),
 	}
 	m.maps.init()
+	m.maps.reserveMin = opt.MapReserve
 	if c := opt.MaxRegionSize; c > 0 && c < m.attr.MaxMRSize {
 		m.attr.MaxMRSize = c // split as a device of that limit would
 	}

@@ -34,7 +34,7 @@ type mapCount struct {
 	countedAt  time.Time // when
 	counting   bool      // a count is under way (it uses buf)
 	buf        []byte
-	reserveMin int // test hook: the reserve when not 0
+	reserveMin int // the reserve when not 0 (Options.MapReserve)
 }
 
 const (
@@ -137,11 +137,13 @@ func (m *Manager) unmap(mp *mapping) {
 }
 
 // MapHeadroom is how many buffers the daemon could map now, with what the
-// process maps already and the reserve it keeps: what max_buffers' default
-// must not exceed. ok is false when vm.max_map_count cannot be read.
-func MapHeadroom() (n int, ok bool) {
+// process maps already and the reserve it keeps (0: the default): what
+// max_buffers' default must not exceed. ok is false when vm.max_map_count
+// cannot be read.
+func MapHeadroom(reserve int) (n int, ok bool) {
 	var c mapCount
 	c.init()
+	c.reserveMin = reserve
 	return c.headroom(), c.limit > 0
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -77,7 +78,8 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	defaultMaxBuffers(&cfg.Buffers, log)
+	mapReserve := testMapReserve(log)
+	defaultMaxBuffers(&cfg.Buffers, mapReserve, log)
 	st, budget, err := openStore(cfg.Buffers, log)
 	if err != nil {
 		dev.Close()
@@ -111,6 +113,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		PopulateWorkers:   cfg.Buffers.PopulateWorkers,
 		MaxRegionSize:     uint64(cfg.Buffers.MaxRegionSize),
 		ChunkDelay:        chunkDelay(log),
+		MapReserve:        mapReserve,
 	}, log)
 	mx.watch(mgr)
 	// The root belongs to whoever mounts (a non-root user's own mount).
@@ -213,11 +216,11 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 // vm.max_map_count lets the daemon map: each registered buffer is one
 // mapping, and a daemon out of mappings cannot grow its own heap. A value
 // the config sets stays; the mapping limit is admitted anyway.
-func defaultMaxBuffers(b *config.Buffers, log *slog.Logger) {
+func defaultMaxBuffers(b *config.Buffers, mapReserve int, log *slog.Logger) {
 	if b.MaxBuffers != config.Default().Buffers.MaxBuffers {
 		return
 	}
-	if n, ok := buffer.MapHeadroom(); ok && n < b.MaxBuffers {
+	if n, ok := buffer.MapHeadroom(mapReserve); ok && n < b.MaxBuffers {
 		log.Info("max_buffers lowered from its default to what vm.max_map_count leaves the daemon (each registered buffer is one mapping)",
 			"max_buffers", n, "default", b.MaxBuffers)
 		b.MaxBuffers = n
@@ -241,6 +244,26 @@ const pauseEnv = "MRFS_TEST_PAUSE_AFTER_TEARDOWN"
 // registration populates, so that tests can watch its progress and
 // interrupt it. Logged at warn: it slows every big registration.
 const chunkDelayEnv = "MRFS_TEST_CHUNK_DELAY"
+
+// mapReserveEnv is a test hook: the mappings the daemon keeps for itself
+// below vm.max_map_count, so that a test under emulation reaches the
+// limit with a few thousand buffers rather than 64,000 (the sysctl is the
+// machine's: tests never lower it). Logged at warn.
+const mapReserveEnv = "MRFS_TEST_MAP_RESERVE"
+
+func testMapReserve(log *slog.Logger) int {
+	v := os.Getenv(mapReserveEnv)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		log.Warn("ignoring a test hook that is not a positive count", "hook", mapReserveEnv, "value", v)
+		return 0
+	}
+	log.Warn("test hook: the daemon keeps this many mappings below vm.max_map_count", "hook", mapReserveEnv, "reserve", n)
+	return n
+}
 
 func chunkDelay(log *slog.Logger) time.Duration {
 	v := os.Getenv(chunkDelayEnv)
