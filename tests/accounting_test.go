@@ -81,6 +81,18 @@ func requireHeld(t *testing.T, d *daemon, what string) mrfsStats {
 	}
 }
 
+// waitReleased waits until no unlinked file is held open: the kernel
+// sends FUSE's RELEASE after a client's close returns.
+func waitReleased(t *testing.T, d *daemon) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second * slowFactor()); readStats(t, d.mnt).OpenUnlinked != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("an unlinked file is still held open, though every client closed it")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // dfUsed is what df says the mount uses, in bytes.
 func dfUsed(t *testing.T, mnt string) int64 {
 	t.Helper()
@@ -245,6 +257,7 @@ func TestOpenUnlinkedCharged(t *testing.T) {
 		t.Errorf("root's own file once the unlinked one is 2001's: %v", err)
 	}
 	f.Close()
+	waitReleased(t, d)
 	s = requireHeld(t, d, "after the last close")
 	if s.OpenUnlinked != 0 || s.Users["2001"].ChargedBytes != 0 || s.ChargedBytes != 4<<20 {
 		t.Errorf("after the unlinked file's close: %+v", s)

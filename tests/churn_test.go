@@ -221,6 +221,7 @@ func TestSharedMountChurn(t *testing.T) {
 	if out, err := run2(t, "rm", "-r", shared); err != nil {
 		t.Fatalf("rm -r: %v %s", err, out)
 	}
+	waitReleased(t, d)
 	s = requireHeld(t, d, "after rm -r")
 	if s.ChargedBytes != 0 || s.StoreBytes != 0 || s.OpenUnlinked != 0 {
 		t.Errorf("after rm -r: %+v", s)
