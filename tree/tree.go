@@ -393,7 +393,8 @@ func (d *Dir) Unlink(name string) error {
 		return fmt.Errorf("unlink %q: %w", name, err)
 	}
 	f.unlinked.Store(true)
-	// Where the file is now: an exchange may have moved its name.
+	// Busy, the file kept its name: every other call that changes names
+	// waited.
 	if p := f.parent; p != nil {
 		p.removeLocked(f.name)
 		p.Touch(true)
