@@ -16,45 +16,69 @@ import (
 )
 
 // TestNoStallDuringRegistration: while a 1 GiB registration holds a
-// buffer (a truncate, slowed per chunk by the test hook) and an rm of
-// that buffer waits for it, every other name of the mount answers: ls of
-// another directory and stat of names there complete while both still
-// run. (Before, unlink held the namespace lock while it waited, and stat
-// took as long as the registration: 11.4 s for 3 GiB.)
+// buffer (slowed per chunk by the test hook) and an rm of that buffer
+// waits for it, every other name of the mount answers: ls of another
+// directory and stat of names there complete while both still run.
+// (Before, unlink held the namespace lock while it waited, and stat took
+// as long as the registration: 11.4 s for 3 GiB.) Two registrations: a
+// truncate, during which the kernel itself keeps the rm from the daemon
+// (it holds the file's inode lock), and the flush at the close of a
+// zero-copy write past the end, during which the rm reaches the daemon's
+// unlink and waits there.
 func TestNoStallDuringRegistration(t *testing.T) {
 	t.Parallel()
 	const size = 1 << 30
 	d := startDaemon(t, daemonConfig{Buffers: "populate_threshold = \"16MiB\"\npopulate_workers = 2", Env: []string{"MRFS_TEST_CHUNK_DELAY=100ms"}})
-	for _, dir := range []string{"a", "b"} {
-		if err := os.Mkdir(d.path(dir), 0o755); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.Mkdir(d.path("b"), 0o755); err != nil {
+		t.Fatal(err)
 	}
 	for i := range 20 {
 		makeBuffer(t, d.path("b", strconv.Itoa(i)), 4096)
 	}
-	big := d.path("a", "big")
-	makeBuffer(t, big, 0)
-	truncate := exec.Command("truncate", "-s", strconv.Itoa(size), big)
-	truncated := started(t, truncate)
-	waitRegistering(t, big, size, truncated)
+	for _, way := range []string{"truncate", "flush"} {
+		t.Run(way, func(t *testing.T) {
+			dir := d.path("a-" + way)
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			big := filepath.Join(dir, "big")
+			makeBuffer(t, big, 0)
+			var grow *exec.Cmd
+			if way == "truncate" {
+				grow = exec.Command("truncate", "-s", strconv.Itoa(size), big)
+			} else {
+				// One byte at the end through a zero-copy open: the
+				// daemon registers the whole size at the close's FLUSH.
+				grow = exec.Command("dd", "if=/dev/zero", "of="+big, "bs=1", "count=1", "seek="+strconv.Itoa(size-1), "conv=notrunc", "status=none")
+			}
+			noStall(t, d, big, size, grow)
+		})
+	}
+}
+
+// noStall runs grow (a registration of size bytes of big), then an rm of
+// big, and checks that ls and stat in d's directory b answer while both run.
+func noStall(t *testing.T, d *daemon, big string, size int, grow *exec.Cmd) {
+	grown := started(t, grow)
+	waitRegistering(t, big, size, grown)
 	rm := exec.Command("rm", big)
 	removed := started(t, rm)
-	// rm is in the daemon's unlink now, waiting for the registration.
+	// rm is in the daemon's unlink now (or the kernel's), waiting for the
+	// registration.
 	time.Sleep(200 * time.Millisecond)
 
 	running := func() bool {
 		select {
 		case <-removed:
 			return false
-		case <-truncated:
+		case <-grown:
 			return false
 		default:
 			return true
 		}
 	}
 	if !running() {
-		t.Fatal("the truncate or the rm ended before the lookups began: the registration did not last")
+		t.Fatal("the registration or the rm ended before the lookups began: the registration did not last")
 	}
 	answered, slowest := 0, time.Duration(0)
 	for i := 0; running(); i++ {
@@ -81,9 +105,12 @@ func TestNoStallDuringRegistration(t *testing.T) {
 		t.Errorf("only %d rounds of ls and stat of another directory answered while a registration and an rm waiting for it ran: the namespace stalls", answered)
 	}
 	<-removed
-	<-truncated
+	<-grown
 	if !rm.ProcessState.Success() {
 		t.Errorf("rm: %v", rm.ProcessState)
+	}
+	if !grow.ProcessState.Success() {
+		t.Errorf("%s: %v", grow.Args[0], grow.ProcessState)
 	}
 	if _, err := os.Stat(big); !os.IsNotExist(err) {
 		t.Errorf("big after rm: %v", err)
