@@ -159,7 +159,7 @@ func started(t testing.TB, cmd *exec.Cmd) <-chan struct{} {
 
 // waitRegistering polls f's state until a registration of total bytes is
 // under way, part done, while the command that resizes f runs.
-func waitRegistering(t *testing.T, f string, total int, exited <-chan struct{}) (done int) {
+func waitRegistering(t testing.TB, f string, total int, exited <-chan struct{}) (done int) {
 	t.Helper()
 	deadline := time.Now().Add(cmdTimeout)
 	for time.Now().Before(deadline) {

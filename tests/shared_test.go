@@ -43,23 +43,51 @@ func TestNoStallDuringRegistration(t *testing.T) {
 			}
 			big := filepath.Join(dir, "big")
 			makeBuffer(t, big, 0)
-			var grow *exec.Cmd
-			if way == "truncate" {
-				grow = exec.Command("truncate", "-s", strconv.Itoa(size), big)
-			} else {
-				// One byte at the end through a zero-copy open: the
-				// daemon registers the whole size at the close's FLUSH.
-				grow = exec.Command("dd", "if=/dev/zero", "of="+big, "bs=1", "count=1", "seek="+strconv.Itoa(size-1), "conv=notrunc", "status=none")
-			}
-			noStall(t, d, big, size, grow)
+			grown, grew := growBig(t, big, size, way)
+			noStall(t, d, big, size, grown, grew)
 		})
 	}
 }
 
-// noStall runs grow (a registration of size bytes of big), then an rm of
-// big, and checks that ls and stat in d's directory b answer while both run.
-func noStall(t *testing.T, d *daemon, big string, size int, grow *exec.Cmd) {
-	grown := started(t, grow)
+// growBig starts a registration of big to size bytes: a truncate, or
+// (way "flush") one byte written at the end through a zero-copy open and
+// a close, whose FLUSH registers the new size. grown is closed when the
+// call that registers returns; grew then says how it ended. Whoever looks
+// at the file first after such a write registers (a getxattr too), so the
+// write and the close are one step here, and the caller's first look
+// waits a moment for the FLUSH to have begun.
+func growBig(t testing.TB, big string, size int, way string) (grown <-chan struct{}, grew func() error) {
+	t.Helper()
+	if way == "truncate" {
+		cmd := exec.Command("truncate", "-s", strconv.Itoa(size), big)
+		return started(t, cmd), func() error {
+			if !cmd.ProcessState.Success() {
+				return fmt.Errorf("truncate: %v", cmd.ProcessState)
+			}
+			return nil
+		}
+	}
+	f, err := os.OpenFile(big, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err = f.WriteAt([]byte{1}, int64(size-1)); err != nil {
+			f.Close()
+			return
+		}
+		err = f.Close()
+	}()
+	time.Sleep(time.Duration(slowFactor()) * 100 * time.Millisecond)
+	return done, func() error { return err }
+}
+
+// noStall: while a registration of size bytes of big runs (grown is
+// closed at its end), an rm of big; ls and stat in d's directory b must
+// answer while both run.
+func noStall(t *testing.T, d *daemon, big string, size int, grown <-chan struct{}, grew func() error) {
 	waitRegistering(t, big, size, grown)
 	rm := exec.Command("rm", big)
 	removed := started(t, rm)
@@ -109,8 +137,8 @@ func noStall(t *testing.T, d *daemon, big string, size int, grow *exec.Cmd) {
 	if !rm.ProcessState.Success() {
 		t.Errorf("rm: %v", rm.ProcessState)
 	}
-	if !grow.ProcessState.Success() {
-		t.Errorf("%s: %v", grow.Args[0], grow.ProcessState)
+	if err := grew(); err != nil {
+		t.Error(err)
 	}
 	if _, err := os.Stat(big); !os.IsNotExist(err) {
 		t.Errorf("big after rm: %v", err)
