@@ -129,6 +129,12 @@ func TestOrphanCharged(t *testing.T) {
 	if st := e.m.Stats(); st.Orphans != 0 || st.ChargedBytes != 0 || st.StoreUsed != 0 || len(st.Users) != 0 {
 		t.Fatalf("after the last close: %+v", st)
 	}
+	// Released, it is nobody's: a chown (one that raced the close) is
+	// refused and counts no buffer to anyone.
+	errnoIs(t, a.SetOwner(9), syscall.ENOENT)
+	if st := e.m.Stats(); len(st.Users) != 0 {
+		t.Fatalf("after a chown of the released file: %+v", st.Users)
+	}
 	// Nobody holds it: its memory goes at Free.
 	b := e.create(t, 3*page)
 	if err := b.Free(); err != nil {
@@ -389,5 +395,43 @@ func TestWritesPastQuotaTakenBack(t *testing.T) {
 	}
 	if got := held(t, e); got != 14*page {
 		t.Fatalf("held %d", got)
+	}
+}
+
+// TestFlushWaitsForRegistration: a writer's close that comes while a long
+// registration holds the buffer waits for it, and then takes back what
+// the client wrote past its owner's quota: EDQUOT, as at any other close.
+// (It once returned at once, and the writes outlived the close.)
+func TestFlushWaitsForRegistration(t *testing.T) {
+	needTmpfs(t)
+	const mib = 1 << 20
+	e := setup(t, buffer.Options{MaxPinned: 256 * mib, MaxPinnedPerUser: 80 * mib, PopulateThreshold: mib, PopulateWorkers: 1, ChunkDelay: 200 * time.Millisecond}, 0)
+	z, err := e.m.Create(e.d, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := outside(t, z)
+	resized := make(chan error, 1)
+	go func() { resized <- z.Resize(context.Background(), 64*mib) }()
+	for z.Info().Progress.Total == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// Past the end of the registration under way, past the quota.
+	if _, err := f.WriteAt(make([]byte, 32*mib), 64*mib); err != nil {
+		t.Fatal(err)
+	}
+	err = z.Flush()
+	select {
+	case rerr := <-resized:
+		if rerr != nil {
+			t.Fatalf("the registration within the quota: %v", rerr)
+		}
+	default:
+		t.Fatalf("the writer's close returned (%v) while the registration still ran", err)
+	}
+	errnoIs(t, err, syscall.EDQUOT)
+	check(t, e, z, 64*mib, buffer.Registered)
+	if got := held(t, e); got != 64*mib {
+		t.Fatalf("held %d after the writes past the quota were taken back", got)
 	}
 }

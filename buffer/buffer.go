@@ -35,7 +35,8 @@ type Buffer struct {
 	id uint64 // immutable
 
 	mu sync.RWMutex
-	// guards (with mu): every field below.
+	// guards: every field below (owner is written under m.mu too, which
+	// an orphan's last close reads it under).
 	f      store.File // nil once freed
 	mp     mapping    // the daemon's mapping of the file
 	regs   regions    // nil unless registered

@@ -27,9 +27,8 @@ import (
 // pages, and its charge, until the last of its descriptors closes (a
 // mapping keeps one open): then no client can reach the file, and the
 // daemon frees its memory itself (truncates it) before it drops the
-// charge. The kernel would free it later: go-fuse unregisters the
-// passthrough backing file after the last RELEASE, and inotify reports
-// an eviction before the pages are gone.
+// charge. The kernel would free it only later: go-fuse unregisters the
+// passthrough backing file after the last RELEASE.
 
 // settleLocked ends an operation on b: its charge becomes held, the bytes
 // its file holds now (unless known is false: the file could not be looked
@@ -58,7 +57,7 @@ func (b *Buffer) settleFileLocked() {
 }
 
 // setChargeLocked moves b's charge, and its owner's and the total, to n.
-// Callers hold m.mu (and b.mu, or b is an orphan nobody operates on).
+// Callers hold m.mu (and b.mu, but for an orphan's last close).
 func (m *Manager) setChargeLocked(b *Buffer, n uint64) {
 	old := b.charge.Load()
 	u := m.user(b.owner)
@@ -130,11 +129,12 @@ func (b *Buffer) Open(writable bool) (*Fd, error) {
 	m.mu.Unlock()
 	fd, err := b.f.Open()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if err != nil {
 		m.openFds--
+		m.mu.Unlock() // classifyFd takes it
 		return nil, fmt.Errorf("open: %w", m.classifyFd(err))
 	}
+	defer m.mu.Unlock()
 	b.opens++
 	if writable {
 		b.writers++
@@ -335,16 +335,17 @@ func (f *Fd) settleLocked() {
 func (b *Buffer) SetOwner(uid uint32) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil && !b.orphanNow() {
+	m := b.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Under m.mu: the last close of an orphan ends it there.
+	if b.gone != nil && !b.orphan {
 		return fmt.Errorf("chown: %w", b.gone)
 	}
 	if uid == b.owner {
 		return nil
 	}
 	n := b.regs.length()
-	m := b.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	charge := b.charge.Load()
 	if q := m.opt.MaxPinnedPerUser; q > 0 && charge > 0 && m.user(uid).Charged+charge > q {
 		held := m.users[uid].Charged
@@ -365,14 +366,6 @@ func (b *Buffer) SetOwner(uid uint32) error {
 	m.setChargeLocked(b, charge)
 	m.pinLocked(uid, 0, n)
 	return nil
-}
-
-// orphanNow says whether b is an unlinked file still open. Callers hold
-// b.mu.
-func (b *Buffer) orphanNow() bool {
-	b.m.mu.Lock()
-	defer b.m.mu.Unlock()
-	return b.orphan
 }
 
 // chargeUnseen charges, to their owners, what clients wrote through
@@ -465,11 +458,11 @@ func (b *Buffer) cutLocked() bool {
 // Flush is a writer's close: Sync, and what the client wrote past the
 // owner's quota through its zero-copy open is taken back (cutLocked), so
 // that it does not outlive the close: EDQUOT then (also when another
-// call took it back meanwhile).
+// call took it back meanwhile: the buffer's next writer to close is told).
+// It waits for a registration under way, which may be of what this
+// client wrote.
 func (b *Buffer) Flush() error {
-	if b.lockOrBusy(true) != nil {
-		return nil
-	}
+	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return fmt.Errorf("flush: %w", b.gone)

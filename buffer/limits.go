@@ -155,20 +155,26 @@ func (m *Manager) admit(b *Buffer, held, add uint64, grows bool) error {
 			m.mu.Lock()
 			continue
 		}
-		if m.releasingLocked(r, b.owner) && m.waitReleaseLocked(deadline) {
+		if m.releasingLocked(r, b) && m.waitReleaseLocked(deadline) {
 			continue
 		}
 		return m.refuseLocked(r.kind, r.errno, r.reason, r.advice, r.args...)
 	}
 }
 
-// releasingLocked says whether the memory of orphans would lift r.
-func (m *Manager) releasingLocked(r *refusal, owner uint32) bool {
+// releasingLocked says whether the memory of orphans other than b would
+// lift r (b's own goes only when its caller closes it).
+func (m *Manager) releasingLocked(r *refusal, b *Buffer) bool {
+	own := uint64(0)
+	if b.orphan {
+		own = b.charge.Load()
+	}
 	switch r.kind {
 	case limitPerUser:
-		return m.user(owner).Orphaned >= r.short
+		u := m.users[b.owner]
+		return u != nil && u.Orphaned-min(own, u.Orphaned) >= r.short
 	case limitMaxPinned, limitStore, limitMemAvail, limitCgroup:
-		return m.orphaned >= r.short
+		return m.orphaned-min(own, m.orphaned) >= r.short
 	}
 	return false
 }

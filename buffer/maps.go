@@ -26,6 +26,8 @@ import (
 // maps (heap arenas, thread stacks, libraries) is counted from
 // /proc/self/maps now and then, streaming through a buffer made once, so
 // that counting needs no memory at the edge; never at each mapping.
+// Guarded by the Manager's mu (its "the mappings"), but buf while
+// counting, which runs without it.
 type mapCount struct {
 	limit      int       // vm.max_map_count (0: unknown, no check)
 	own        int       // buffers' mappings the manager holds

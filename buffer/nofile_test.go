@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -99,5 +100,37 @@ func TestNoFile(t *testing.T) {
 		t.Fatalf("open once descriptors were closed: %v", err)
 	} else {
 		fd.Close()
+	}
+	// The kernel's own EMFILE (the process's descriptors went elsewhere,
+	// within the clients' share): refused, named, and the manager still
+	// answers. (It once classified the error holding the lock that the
+	// classification takes: every later call hung.)
+	lowest, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(lowest)
+	// The limit bounds descriptors' numbers: none free below it.
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(lowest), Max: lim.Max}); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan error, 1)
+	go func() {
+		fd, err := bufs[1].Open(true)
+		if err == nil {
+			fd.Close()
+		}
+		opened <- err
+	}()
+	select {
+	case err := <-opened:
+		if !errors.Is(err, syscall.EMFILE) || !strings.Contains(err.Error(), "RLIMIT_NOFILE") {
+			t.Errorf("open past the process's descriptors: %v, want EMFILE naming RLIMIT_NOFILE", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an open refused by the kernel's EMFILE hangs")
+	}
+	if st := e.m.Stats(); st.OpenFds != 0 {
+		t.Errorf("stats after the kernel's refusal: %d open descriptors, want 0", st.OpenFds)
 	}
 }

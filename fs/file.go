@@ -7,6 +7,7 @@ import (
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"mrfs/buffer"
 	"mrfs/tree"
 )
@@ -122,7 +123,7 @@ func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
 func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if size, ok := in.GetSize(); ok {
 		var err error
-		if h, ok := f.(interface{ fd() *buffer.Fd }); ok {
+		if h, ok := f.(fdHolder); ok {
 			err = h.fd().Truncate(ctx, size) // also after an unlink
 		} else {
 			err = n.buf.Resize(ctx, size)
@@ -180,7 +181,7 @@ func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32, error) 
 
 func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
 	var err error
-	if h, ok := f.(interface{ fd() *buffer.Fd }); ok {
+	if h, ok := f.(fdHolder); ok {
 		err = h.fd().Allocate(ctx, off, size, mode) // also after an unlink
 	} else {
 		err = n.buf.Allocate(ctx, off, size, mode)

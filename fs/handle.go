@@ -8,6 +8,7 @@ import (
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"mrfs/buffer"
 )
 
@@ -24,6 +25,15 @@ type handle struct {
 
 var _ = (fusefs.FileLseeker)((*handle)(nil))
 
+// fdHolder is a handle that holds its client's descriptor of the file:
+// ftruncate and fallocate through it act on the file after an unlink too.
+type fdHolder interface{ fd() *buffer.Fd }
+
+var (
+	_ fdHolder = (*passthroughHandle)(nil)
+	_ fdHolder = (*directHandle)(nil)
+)
+
 // fd is the handle's descriptor, for calls through the handle
 // (ftruncate, fallocate), which act on the file also after an unlink.
 func (h *handle) fd() *buffer.Fd { return h.bfd }
@@ -38,7 +48,7 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if fd := h.orphan(); fd != nil {
-		fd.Sync() // charged until the store reports the memory gone
+		fd.Sync() // what its client wrote is charged; the last close frees it all
 	}
 	h.release()
 	h.node.sync()

@@ -76,6 +76,13 @@ type File interface {
 	Remove() error
 }
 
+var (
+	_ Store = (*memfd)(nil)
+	_ Store = (*tmpfs)(nil)
+	_ File  = (*memfdFile)(nil)
+	_ File  = (*tmpfsFile)(nil)
+)
+
 var pageSize = uint64(os.Getpagesize())
 
 // PageRound rounds n up to whole pages.

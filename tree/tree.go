@@ -33,7 +33,9 @@
 // under Tree.mu, let go of it for the buffer calls (Free, Move), and take
 // it again to change the names; a second unlink or rename of a busy file
 // waits for the first, without Tree.mu. Rmdir makes no buffer call and
-// holds Tree.mu throughout.
+// holds Tree.mu throughout, also while its PD closes: that closes the
+// remote connections attached to the PD, which for an rdma_cm connection
+// still being set up can take up to two seconds.
 package tree
 
 import (

@@ -215,7 +215,8 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 // defaultMaxBuffers lowers buffers.max_buffers' default to what
 // vm.max_map_count lets the daemon map: each registered buffer is one
 // mapping, and a daemon out of mappings cannot grow its own heap. A value
-// the config sets stays; the mapping limit is admitted anyway.
+// other than the default stays (one equal to it is taken for the
+// default); the mapping limit is admitted anyway.
 func defaultMaxBuffers(b *config.Buffers, mapReserve int, log *slog.Logger) {
 	if b.MaxBuffers != config.Default().Buffers.MaxBuffers {
 		return

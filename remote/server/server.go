@@ -48,7 +48,8 @@ type Server struct {
 	log     *slog.Logger
 	wg      sync.WaitGroup // the accept loop and every connection
 
-	// guards: conns and closed.
+	// guards: conns and closed. Lock order: mu, then the gate's
+	// (an admission ends under mu).
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
@@ -162,6 +163,8 @@ func (s *Server) admit(c net.Conn) {
 // pendingConn is a connection still saying hello, as the gate sees it.
 // Closing it ends a hello read in progress.
 type pendingConn struct{ net.Conn }
+
+var _ remote.PendingConn = pendingConn{}
 
 // HelloWaiting peeks at the socket: whether the first frame, as long as
 // its header says, has arrived whole. The connection's goroutine may be
