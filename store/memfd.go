@@ -2,7 +2,9 @@ package store
 
 import (
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -17,8 +19,34 @@ func NewMemfd() Store { return &memfd{} }
 
 func (*memfd) Kind() string                        { return "memfd" }
 func (*memfd) Usage() (used, size uint64, ok bool) { return 0, 0, false }
-func (*memfd) Grain() (uint64, bool)               { return pageSize, false }
 func (*memfd) String() string                      { return "memfds" }
+
+// Grain follows the kernel's setting for shmem outside a tmpfs mount
+// (memfds), read at each call: an administrator may change it.
+func (*memfd) Grain() (uint64, bool) {
+	b, _ := os.ReadFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	return shmemGrain(string(b))
+}
+
+// shmemGrain is Grain for a shmem_enabled text ("always [never] ..."):
+// huge pages wherever they fit for always and force, below the end of
+// file for within_size; base pages otherwise (advise: the daemon does not
+// ask for them).
+func shmemGrain(setting string) (uint64, bool) {
+	sel := setting
+	if i := strings.IndexByte(setting, '['); i >= 0 {
+		if j := strings.IndexByte(setting[i:], ']'); j > 0 {
+			sel = setting[i+1 : i+j]
+		}
+	}
+	switch strings.TrimSpace(sel) {
+	case "always", "force":
+		return hugeSize(), true
+	case "within_size":
+		return hugeSize(), false
+	}
+	return pageSize, false
+}
 
 func (*memfd) Close() error { return nil }
 

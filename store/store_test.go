@@ -232,3 +232,27 @@ func TestTmpfsHuge(t *testing.T) {
 		s.Close()
 	}
 }
+
+// A memfd's pages are huge as the kernel's shmem_enabled says: admission
+// must count what a huge page may take, past the end of file too for
+// always and force.
+func TestShmemGrain(t *testing.T) {
+	huge := hugeSize()
+	for _, c := range []struct {
+		setting string
+		size    uint64
+		pastEnd bool
+	}{
+		{"always within_size advise [never] deny force\n", pageSize, false},
+		{"[always] within_size advise never deny force\n", huge, true},
+		{"always [within_size] advise never deny force\n", huge, false},
+		{"always within_size [advise] never deny force\n", pageSize, false},
+		{"always within_size advise never deny [force]\n", huge, true},
+		{"always within_size advise never [deny] force\n", pageSize, false},
+		{"", pageSize, false},
+	} {
+		if size, past := shmemGrain(c.setting); size != c.size || past != c.pastEnd {
+			t.Errorf("%q: grain %d, past the end %v; want %d, %v", c.setting, size, past, c.size, c.pastEnd)
+		}
+	}
+}
