@@ -177,11 +177,16 @@ func (f *Fd) Close() {
 // lives.
 func (f *Fd) orphaned(op func() error) (bool, error) {
 	b := f.b
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.gone == nil {
+	// Shared for the look, as the calls on a live buffer take it: reads
+	// through direct-I/O handles go on side by side. Once gone, b stays so.
+	b.mu.RLock()
+	live := b.gone == nil
+	b.mu.RUnlock()
+	if live {
 		return false, nil
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if !errors.Is(b.gone, errFreed) {
 		return true, b.gone // the manager closed
 	}
