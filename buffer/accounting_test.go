@@ -176,18 +176,26 @@ func TestAdmissionWaitsForRelease(t *testing.T) {
 }
 
 // Admission is one step: concurrent registrations that each fit what the
-// machine has left, but not together, are never all admitted.
+// machine has left, but not together, are never all admitted. Sixteen
+// race for two and a half pages; then, deterministically, a second
+// registration asks while the first, admitted, has made only part of its
+// pages (the test hook pauses it after each 16 MiB chunk): a fresh
+// reading of MemAvailable does not show the rest yet, and admission must
+// count them anyway.
 func TestAdmissionAtomic(t *testing.T) {
 	needTmpfs(t)
+	const mib = 1 << 20
 	var st store.Store
 	// MemAvailable as the kernel would say it: less what the store holds.
-	base := uint64(buffer.MemReserve + 5*page/2)
+	var base atomic.Uint64
+	base.Store(uint64(buffer.MemReserve + 5*page/2))
 	mem := func() (sysmem.Memory, error) {
 		used, _, _ := st.Usage()
-		return sysmem.Memory{Total: 1 << 40, Available: base - min(base, used)}, nil
+		b := base.Load()
+		return sysmem.Memory{Total: 1 << 40, Available: b - min(b, used)}, nil
 	}
 	// A budget of its own, so that the store counts what it holds.
-	e := setup(t, buffer.Options{Memory: mem, MaxPinned: 1 << 30}, 0)
+	e := setup(t, buffer.Options{Memory: mem, MaxPinned: 1 << 30, PopulateThreshold: mib, PopulateWorkers: 1, ChunkDelay: 300 * time.Millisecond}, 0)
 	st = e.m.Options().Store
 	const n = 16
 	bufs := make([]*buffer.Buffer, n)
@@ -213,6 +221,27 @@ func TestAdmissionAtomic(t *testing.T) {
 	wg.Wait()
 	if got := ok.Load(); got != 2 {
 		t.Fatalf("%d registrations of a page admitted with two and a half pages left", got)
+	}
+	for _, b := range bufs {
+		if err := b.Resize(context.Background(), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Room for one and a half registrations of 32 MiB.
+	base.Store(uint64(buffer.MemReserve + 48*mib))
+	first, second := e.create(t, 0), e.create(t, 0)
+	done := make(chan error, 1)
+	go func() { done <- first.Resize(context.Background(), 32*mib) }()
+	for first.Info().Progress.Total == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	err := second.Resize(context.Background(), 32*mib)
+	if rerr := <-done; rerr != nil {
+		t.Fatalf("the first registration: %v", rerr)
+	}
+	if err == nil || !strings.Contains(err.Error(), "MemAvailable") {
+		t.Fatalf("a second registration while the first had made only part of its pages: %v, want a refusal naming MemAvailable", err)
 	}
 }
 
