@@ -644,7 +644,7 @@ func (m *Manager) reserveMove(d *Domain) error {
 	if d.m != m {
 		return fmt.Errorf("domain belongs to another manager: %w", syscall.EINVAL)
 	}
-	if err := d.goneLocked(); err != nil {
+	if err := d.openLocked(); err != nil {
 		return err
 	}
 	d.nbuf++

@@ -107,11 +107,8 @@ func (d *Domain) VerbsPD() verbs.PD { return d.pd }
 func (d *Domain) Attach(c io.Closer) (detach func(), err error) {
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
-	if err := d.goneLocked(); err != nil {
+	if err := d.openLocked(); err != nil {
 		return nil, err
-	}
-	if d.closing {
-		return nil, fmt.Errorf("pd %d is being deallocated: %w", d.handle, syscall.ENOENT)
 	}
 	u := &user{c}
 	if d.users == nil {
@@ -197,6 +194,18 @@ func (d *Domain) Close() error {
 	}
 	d.closed = true
 	delete(d.m.domains, d)
+	return nil
+}
+
+// openLocked is goneLocked, and ENOENT too while d closes (an rmdir
+// under way): no buffer comes into a PD that is going. Callers hold m.mu.
+func (d *Domain) openLocked() error {
+	if err := d.goneLocked(); err != nil {
+		return err
+	}
+	if d.closing {
+		return fmt.Errorf("pd %d is being deallocated: %w", d.handle, syscall.ENOENT)
+	}
 	return nil
 }
 

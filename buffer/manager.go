@@ -251,12 +251,11 @@ func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) error {
 	defer m.mu.Unlock()
 	for {
 		switch {
-		case m.closed:
-			return errClosed
 		case d.m != m:
 			return fmt.Errorf("domain belongs to another manager: %w", syscall.EINVAL)
-		case d.closed:
-			return fmt.Errorf("pd %d is deallocated: %w", d.handle, syscall.ENOENT)
+		}
+		if err := d.openLocked(); err != nil {
+			return err
 		}
 		max := m.opt.MaxBuffers
 		if max <= 0 || len(m.buffers)+m.orphans < max {

@@ -32,10 +32,11 @@
 // it takes Tree.mu. Unlink and Rename mark the files they work on busy
 // under Tree.mu, let go of it for the buffer calls (Free, Move), and take
 // it again to change the names; a second unlink or rename of a busy file
-// waits for the first, without Tree.mu. Rmdir makes no buffer call and
-// holds Tree.mu throughout, also while its PD closes: that closes the
-// remote connections attached to the PD, which for an rdma_cm connection
-// still being set up can take up to two seconds.
+// waits for the first, without Tree.mu. Rmdir, and a rename over an empty
+// directory, mark that directory busy the same way while its PD closes
+// (which closes the remote connections attached to it: an rdma_cm one
+// still being set up can take seconds); a call that would add a name to
+// a busy directory waits for it, and finds it gone or still there.
 package tree
 
 import (
@@ -284,10 +285,24 @@ func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) 
 func (d *Dir) link(name string, n Node) error {
 	d.t.mu.Lock()
 	defer d.t.mu.Unlock()
+	if err := d.waitAddLocked(); err != nil {
+		return err
+	}
 	if d.entries[name] != nil {
 		return fmt.Errorf("%q exists: %w", name, syscall.EEXIST)
 	}
 	d.addLocked(name, n)
+	return nil
+}
+
+// waitAddLocked waits, before a name is added to d, for an rmdir or a
+// rename over d under way: ENOENT if d went. Callers hold t.mu.
+func (d *Dir) waitAddLocked() error {
+	for d.t.waitLocked(d) {
+	}
+	if d != d.t.root && d.parent == nil {
+		return fmt.Errorf("directory removed: %w", syscall.ENOENT)
+	}
 	return nil
 }
 
@@ -338,19 +353,34 @@ func (d *Dir) Mkdir(name string, owner Owner, mode uint32, prepare func(*Dir)) (
 // peers attached to it are disconnected first): ENOENT, ENOTDIR, or
 // ENOTEMPTY while it holds anything.
 func (d *Dir) Rmdir(name string) error {
-	d.t.mu.Lock()
-	defer d.t.mu.Unlock()
-	n := d.entries[name]
-	sub, ok := n.(*Dir)
-	switch {
-	case n == nil:
-		return fmt.Errorf("rmdir %q: %w", name, syscall.ENOENT)
-	case !ok:
-		return fmt.Errorf("rmdir %q: %w", name, syscall.ENOTDIR)
-	case len(sub.entries) > 0:
+	t := d.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var sub *Dir
+	for {
+		n := d.entries[name]
+		var ok bool
+		sub, ok = n.(*Dir)
+		switch {
+		case n == nil:
+			return fmt.Errorf("rmdir %q: %w", name, syscall.ENOENT)
+		case !ok:
+			return fmt.Errorf("rmdir %q: %w", name, syscall.ENOTDIR)
+		}
+		if !t.waitLocked(sub) {
+			break
+		}
+	}
+	if len(sub.entries) > 0 {
 		return fmt.Errorf("rmdir %q: %w", name, syscall.ENOTEMPTY)
 	}
-	if err := sub.dom.Close(); err != nil {
+	// Empty, and busy until the PD is gone: nothing is added meanwhile.
+	done := t.markLocked(sub)
+	defer done()
+	t.mu.Unlock()
+	err := sub.dom.Close()
+	t.mu.Lock()
+	if err != nil {
 		return fmt.Errorf("rmdir %q: %w", name, err)
 	}
 	d.removeLocked(name)
@@ -501,6 +531,7 @@ type renamePlan struct {
 	name, newName string
 	src           Node
 	old           *File // the file renamed over, or nil
+	oldDir        *Dir  // the empty directory renamed over, or nil
 	move          *File // src when it moves to another PD, or nil
 }
 
@@ -519,8 +550,11 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 		if old == src {
 			return nil, nil
 		}
-		if t.waitLocked(src) || old != nil && t.waitLocked(old) {
+		if t.waitLocked(src) || old != nil && t.waitLocked(old) || t.waitLocked(dst) {
 			continue
+		}
+		if dst != t.root && dst.parent == nil {
+			return nil, fmt.Errorf("rename %q: the directory of %q was removed: %w", name, newName, syscall.ENOENT)
 		}
 		_, srcIsDir := src.(*Dir)
 		switch {
@@ -562,15 +596,12 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 			if len(o.entries) > 0 {
 				return nil, fmt.Errorf("rename %q over %q: %w", name, newName, syscall.ENOTEMPTY)
 			}
-			// An empty directory's PD goes without waiting for a buffer.
-			if err := o.dom.Close(); err != nil {
-				return nil, fmt.Errorf("rename %q over %q: %w", name, newName, err)
-			}
+			p.oldDir = o
 		}
 		if f, ok := src.(*File); ok && d.dom != dst.dom {
 			p.move = f
 		}
-		if p.old == nil && p.move == nil {
+		if p.old == nil && p.oldDir == nil && p.move == nil {
 			p.commitLocked()
 			return nil, nil
 		}
@@ -589,6 +620,9 @@ func (p *renamePlan) run() (again bool, err error) {
 	if p.old != nil {
 		dones = append(dones, t.markLocked(p.old))
 	}
+	if p.oldDir != nil {
+		dones = append(dones, t.markLocked(p.oldDir))
+	}
 	defer func() {
 		for _, done := range dones {
 			done()
@@ -600,7 +634,7 @@ func (p *renamePlan) run() (again bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if p.old == nil && p.dst.entries[p.newName] != nil {
+	if p.old == nil && p.oldDir == nil && p.dst.entries[p.newName] != nil {
 		// Another call took the name while the buffer moved.
 		t.mu.Unlock()
 		err := p.undoMove()
@@ -612,11 +646,17 @@ func (p *renamePlan) run() (again bool, err error) {
 }
 
 // buffers moves src's buffer to dst's PD, then frees the file renamed
-// over; when that fails, the move is undone.
+// over, or deallocates the PD of the empty directory renamed over; when
+// that fails, the move is undone.
 func (p *renamePlan) buffers() error {
 	if p.move != nil {
 		if err := p.move.buf.Move(p.dst.dom); err != nil {
 			return fmt.Errorf("move %q to pd %d: %w", p.name, p.dst.dom.PD(), err)
+		}
+	}
+	if p.oldDir != nil {
+		if err := p.oldDir.dom.Close(); err != nil {
+			return fmt.Errorf("rename %q over %q: %w", p.name, p.newName, err)
 		}
 	}
 	if p.old != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -662,5 +663,131 @@ func TestNoNamespaceLockWhileWaiting(t *testing.T) {
 	wantErrno(t, <-again, syscall.ENOENT, "a second unlink of the same file")
 	if _, err := root.Lookup("big"); err == nil {
 		t.Error("big is still there")
+	}
+}
+
+// slowCloser is a remote connection attached to a PD whose close takes
+// until the test lets it end.
+type slowCloser struct {
+	closing chan struct{} // closed when Close begins
+	release chan struct{} // closed by let
+	began   sync.Once
+	let     func() // lets Close end (once; at the test's end too)
+}
+
+func newSlowCloser(t *testing.T) *slowCloser {
+	c := &slowCloser{closing: make(chan struct{}), release: make(chan struct{})}
+	c.let = sync.OnceFunc(func() { close(c.release) })
+	t.Cleanup(c.let)
+	return c
+}
+
+func (c *slowCloser) Close() error {
+	c.began.Do(func() { close(c.closing) })
+	<-c.release
+	return nil
+}
+
+// within fails the test unless f returns nil within ten seconds: a call
+// that waits for the namespace lock held by a PD's slow close would not.
+func within(t *testing.T, what string, f func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s waited for a directory's PD to close: the namespace stalls", what)
+	}
+}
+
+// Rmdir, and a rename over an empty directory, do not hold the namespace
+// while the directory's PD closes (its remote connections first, which
+// can take seconds): other names answer meanwhile, and a create or mkdir
+// in the directory going away waits for it, then finds it gone.
+func TestNoNamespaceLockWhileRemovingADirectory(t *testing.T) {
+	for _, way := range []string{"rmdir", "rename over"} {
+		t.Run(way, func(t *testing.T) {
+			root := newTree(t, 0, 0).Root()
+			other := mkdir(t, root, "other")
+			create(t, other, "x")
+			gone := mkdir(t, root, "gone")
+			mkdir(t, root, "src")
+			c := newSlowCloser(t)
+			if _, err := gone.Domain().Attach(c); err != nil {
+				t.Fatal(err)
+			}
+			removed := make(chan error, 1)
+			go func() {
+				if way == "rmdir" {
+					removed <- root.Rmdir("gone")
+				} else {
+					removed <- root.Rename("src", root, "gone", 0)
+				}
+			}()
+			<-c.closing
+			within(t, "lookup, listing, create, rename and unlink of other names", func() error {
+				if _, err := other.Lookup("x"); err != nil {
+					return err
+				}
+				if names(root) != "gone,other,src" {
+					return fmt.Errorf("root lists %q while the directory goes", names(root))
+				}
+				if _, err := other.Create("y", tree.Owner{}, 0o644, nil); err != nil {
+					return err
+				}
+				if err := other.Rename("y", other, "z", 0); err != nil {
+					return err
+				}
+				if err := other.Unlink("z"); err != nil {
+					return err
+				}
+				_, err := other.Mkdir("sub", tree.Owner{}, 0o755, nil)
+				return err
+			})
+			// A file cannot come in: its buffer cannot go into the PD
+			// going away. A directory (a PD of its own) waits for the
+			// name, and finds the directory gone.
+			within(t, "a create in the directory going away", func() error {
+				if _, err := gone.Create("f", tree.Owner{}, 0o644, nil); !errors.Is(err, syscall.ENOENT) {
+					return fmt.Errorf("create in a directory going away: %v, want ENOENT", err)
+				}
+				return nil
+			})
+			added := make(chan error, 2)
+			go func() {
+				_, err := gone.Mkdir("d", tree.Owner{}, 0o755, nil)
+				added <- err
+			}()
+			go func() { added <- other.Rename("sub", gone, "sub", 0) }()
+			time.Sleep(50 * time.Millisecond)
+			select {
+			case err := <-added:
+				t.Fatalf("a name was added to a directory going away (%v)", err)
+			default:
+			}
+			c.let()
+			if err := <-removed; err != nil {
+				t.Fatalf("%s: %v", way, err)
+			}
+			for range 2 {
+				if err := <-added; !errors.Is(err, syscall.ENOENT) {
+					t.Errorf("mkdir or rename into a directory removed meanwhile: %v, want ENOENT", err)
+				}
+			}
+			if names(other) != "sub,x" {
+				t.Errorf("other lists %q after a rename into a directory removed meanwhile", names(other))
+			}
+			want := "other,src"
+			if way == "rename over" {
+				want = "gone,other"
+			}
+			if names(root) != want || names(gone) != "" {
+				t.Errorf("after the %s: root %q, the removed directory %q", way, names(root), names(gone))
+			}
+		})
 	}
 }
