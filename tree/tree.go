@@ -356,20 +356,9 @@ func (d *Dir) Rmdir(name string) error {
 	t := d.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var sub *Dir
-	for {
-		n := d.entries[name]
-		var ok bool
-		sub, ok = n.(*Dir)
-		switch {
-		case n == nil:
-			return fmt.Errorf("rmdir %q: %w", name, syscall.ENOENT)
-		case !ok:
-			return fmt.Errorf("rmdir %q: %w", name, syscall.ENOTDIR)
-		}
-		if !t.waitLocked(sub) {
-			break
-		}
+	sub, err := idleEntryLocked[*Dir](d, name, "rmdir", syscall.ENOTDIR)
+	if err != nil {
+		return err
 	}
 	if len(sub.entries) > 0 {
 		return fmt.Errorf("rmdir %q: %w", name, syscall.ENOTEMPTY)
@@ -378,7 +367,7 @@ func (d *Dir) Rmdir(name string) error {
 	done := t.markLocked(sub)
 	defer done()
 	t.mu.Unlock()
-	err := sub.dom.Close()
+	err = sub.dom.Close()
 	t.mu.Lock()
 	if err != nil {
 		return fmt.Errorf("rmdir %q: %w", name, err)
@@ -396,27 +385,15 @@ func (d *Dir) Rmdir(name string) error {
 func (d *Dir) Unlink(name string) error {
 	t := d.t
 	t.mu.Lock()
-	var f *File
-	for {
-		n := d.entries[name]
-		var ok bool
-		f, ok = n.(*File)
-		switch {
-		case n == nil:
-			t.mu.Unlock()
-			return fmt.Errorf("unlink %q: %w", name, syscall.ENOENT)
-		case !ok:
-			t.mu.Unlock()
-			return fmt.Errorf("unlink %q: %w", name, syscall.EISDIR)
-		}
-		if !t.waitLocked(f) {
-			break
-		}
+	f, err := idleEntryLocked[*File](d, name, "unlink", syscall.EISDIR)
+	if err != nil {
+		t.mu.Unlock()
+		return err
 	}
 	done := t.markLocked(f)
 	t.mu.Unlock()
 
-	err := f.buf.Free()
+	err = f.buf.Free()
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -432,6 +409,24 @@ func (d *Dir) Unlink(name string) error {
 		p.Touch(true)
 	}
 	return nil
+}
+
+// idleEntryLocked is d's entry name as a T, once no unlink or rename
+// works on it: ENOENT, or wrongKind when it is not a T. Callers hold t.mu.
+func idleEntryLocked[T Node](d *Dir, name, op string, wrongKind syscall.Errno) (T, error) {
+	for {
+		n := d.entries[name]
+		e, ok := n.(T)
+		switch {
+		case n == nil:
+			return e, fmt.Errorf("%s %q: %w", op, name, syscall.ENOENT)
+		case !ok:
+			return e, fmt.Errorf("%s %q: %w", op, name, wrongKind)
+		}
+		if !d.t.waitLocked(e) {
+			return e, nil
+		}
+	}
 }
 
 // waitLocked waits, without t.mu, for an unlink or rename working on n to
