@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -153,7 +154,7 @@ func TestRemoteAfterMove(t *testing.T) {
 // the right order passes every round.
 func TestRemoteUnlinkUnderLoad(t *testing.T) {
 	t.Parallel()
-	d, peer := startRemoteConf(t, backend.listen()+"timeout = \"10s\"\nmax_message_size = \"1MiB\"")
+	d, peer := startRemoteConf(t, backend.listen()+fmt.Sprintf("timeout = %q\nmax_message_size = \"1MiB\"", 10*time.Second*slowFactor()))
 	const size, rounds, peers = 1 << 20, 30, 4
 	data := patternBytes(size)
 	for round := range rounds {

@@ -120,7 +120,9 @@ func dial(peer, dir string) (remote.Conn, error) {
 
 // dialToken is dial presenting tok.
 func dialToken(peer, dir string, tok remote.Token) (remote.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// Scaled: under emulation the whole test binary can stall for
+	// seconds (dozens of tests share two emulated CPUs).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second*slowFactor())
 	defer cancel()
 	if !backend.soft() {
 		return dialRDMA(ctx, peer, dir, tok)
