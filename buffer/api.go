@@ -102,6 +102,9 @@ type Info struct {
 	// Progress is a registration under way (Total 0: none); the rest of
 	// Info is then what was there before it.
 	Progress Progress
+	// Pool is where a pool file's slot is (nil for other files): its
+	// registration is its chunk's (LKey, RKey), Addr the slot's.
+	Pool *SlotInfo
 }
 
 // Stats are totals across a Manager.

@@ -52,6 +52,8 @@ type Buffer struct {
 	// charge.go): written under m.mu (and mu, but for an orphan's
 	// release), read under either or atomically.
 	charge atomic.Uint64
+	// slot is set, at creation, for a pool file (slot.go).
+	slot *slotRef
 	// guarded by m.mu: the clients' descriptors open (Fd) and how many of
 	// them may write; orphan: freed while open (its memory is still
 	// charged); reserved: the pages admitted for the operation under way
@@ -116,6 +118,9 @@ func (s State) String() string {
 func (m *Manager) Create(d *Domain, size uint64, owner uint32) (*Buffer, error) {
 	if d == nil {
 		return nil, fmt.Errorf("create buffer: no domain: %w", syscall.EINVAL)
+	}
+	if p := d.Pool(); p != nil {
+		return m.createSlot(p, owner)
 	}
 	b := &Buffer{m: m, dom: d, owner: owner}
 	// b is in the manager's set before it is built, so a concurrent
@@ -185,6 +190,9 @@ func (b *Buffer) Regions() (Info, []Region) {
 		return in, bs.regs
 	}
 	defer b.mu.RUnlock()
+	if b.slot != nil {
+		return b.infoLocked(), b.slotRegionsLocked()
+	}
 	return b.infoLocked(), b.regs.list()
 }
 
@@ -202,6 +210,9 @@ func (b *Buffer) infoLocked() Info {
 		in.Length, in.Regions = b.regs.length(), len(b.regs)
 		in.LKey, in.RKey, in.Addr = b.regs[0].LKey(), b.regs[0].RKey(), b.regs[0].Addr()
 	}
+	if b.slot != nil {
+		b.slotInfoLocked(&in)
+	}
 	return in
 }
 
@@ -217,10 +228,13 @@ func (b *Buffer) PageSize() uint64 {
 		return 0 // not learned until the registration is done
 	}
 	defer b.mu.RUnlock()
-	if b.regs == nil {
+	base := b.mp.base
+	if b.slot != nil {
+		base = b.slot.addr
+	} else if b.regs == nil {
 		return 0
 	}
-	ps, _ := store.PageSizeAt(b.mp.base)
+	ps, _ := store.PageSizeAt(base)
 	b.pageSize.Store(ps)
 	return ps
 }
@@ -264,6 +278,9 @@ func (b *Buffer) Sync() error {
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return fmt.Errorf("sync: %w", b.gone)
+	}
+	if b.slot != nil {
+		return nil // sealed: its size cannot change
 	}
 	return b.syncLocked()
 }
@@ -509,6 +526,9 @@ func (b *Buffer) Resize(ctx context.Context, size uint64) error {
 	if b.gone != nil {
 		return fmt.Errorf("resize: %w", b.gone)
 	}
+	if b.slot != nil {
+		return b.f.Truncate(size)
+	}
 	defer b.settleFileLocked()
 	// Start from the size the kernel has: a client may have changed it.
 	if err := b.syncedLocked(func() error { return b.resizeLocked(ctx, size) }); err != nil {
@@ -570,6 +590,10 @@ func (b *Buffer) undoTruncate(size uint64) {
 // failure changes nothing. A buffer without a registration just stores a
 // for its next one.
 func (b *Buffer) SetAccess(a verbs.Access) error {
+	if b.slot != nil {
+		return b.m.refuse(limitPoolAccess, syscall.EPERM, "a pool file has its pool's access",
+			"cannot set the access of a pool file: its slot is its pool's registration; set user.mrfs.default_access of the pool's directory, which re-registers the pool's chunks (new keys for all its files)")
+	}
 	if err := b.m.checkAccess(a); err != nil {
 		return err
 	}
@@ -609,6 +633,9 @@ func (b *Buffer) Move(d *Domain) error {
 	}
 	if d == b.dom {
 		return nil
+	}
+	if b.slot != nil || d.Pool() != nil {
+		return fmt.Errorf("move into or out of a pool: a pool file is a slot of its pool's registration: %w", syscall.EXDEV)
 	}
 	defer b.settleFileLocked()
 	m := b.m
@@ -674,6 +701,9 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	if b.gone != nil {
 		return 0, fmt.Errorf("write: %w", b.gone)
 	}
+	if b.slot != nil {
+		return b.f.WriteAt(p, off)
+	}
 	defer b.settleFileLocked()
 	var old uint64
 	err := b.syncedLocked(func() error {
@@ -710,6 +740,9 @@ func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) 
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return fmt.Errorf("fallocate: %w", b.gone)
+	}
+	if b.slot != nil {
+		return b.f.Allocate(mode, off, length)
 	}
 	defer b.settleFileLocked()
 	var old uint64
@@ -783,6 +816,10 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return 0, 0, fmt.Errorf("free: %w", b.gone)
+	}
+	if b.slot != nil {
+		b.freeSlotLocked(gone)
+		return 0, 0, nil
 	}
 	for _, r := range b.regs {
 		unpinned += pageRound(r.Length())

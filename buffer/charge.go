@@ -158,7 +158,9 @@ func (f *Fd) Close() {
 		}
 		last := b.orphan && b.opens == 0
 		m.mu.Unlock()
-		if last {
+		if last && b.slot != nil {
+			b.slot.p.give(b.slot.i) // zeroed for its next file
+		} else if last {
 			if err := unix.Ftruncate(f.N, 0); err != nil {
 				m.log.Error("freeing the memory of an unlinked file", "err", err)
 			}
@@ -228,6 +230,9 @@ func (f *Fd) Size() (uint64, error) {
 // registered: a larger size is sparse and adds no memory).
 func (f *Fd) Truncate(ctx context.Context, size uint64) error {
 	return f.live(func() error { return f.b.Resize(ctx, size) }, func() error {
+		if f.b.slot != nil {
+			return slotFile{f.b.slot}.Truncate(size)
+		}
 		defer f.settleLocked()
 		if err := unix.Ftruncate(f.N, int64(size)); err != nil {
 			return fmt.Errorf("ftruncate an unlinked file to %s: %w", bytesize.Format(size), err)
@@ -241,6 +246,9 @@ func (f *Fd) Truncate(ctx context.Context, size uint64) error {
 // owner first, as for any buffer.
 func (f *Fd) Allocate(ctx context.Context, off, length uint64, mode uint32) error {
 	return f.live(func() error { return f.b.Allocate(ctx, off, length, mode) }, func() error {
+		if f.b.slot != nil {
+			return slotFile{f.b.slot}.Allocate(mode, off, length)
+		}
 		defer f.settleLocked()
 		if mode&unix.FALLOC_FL_PUNCH_HOLE == 0 {
 			size, held, err := f.stat()
@@ -290,6 +298,14 @@ func (f *Fd) WriteAt(p []byte, off int64) (int, error) {
 		if off < 0 {
 			return fmt.Errorf("write at %d: %w", off, syscall.EINVAL)
 		}
+		if f.b.slot != nil {
+			// Sealed: nothing past the slot, and nothing to charge.
+			var err error
+			if n, err = unix.Pwrite(f.N, p, off); err != nil {
+				return fmt.Errorf("pwrite an unlinked pool file: %w", err)
+			}
+			return nil
+		}
 		defer f.settleLocked()
 		size, held, err := f.stat()
 		if err != nil {
@@ -329,6 +345,9 @@ func (f *Fd) Sync() error {
 // settleLocked charges the owner of an unlinked file what it holds.
 // Callers hold b.mu.
 func (f *Fd) settleLocked() {
+	if f.b.slot != nil {
+		return // the pool pays for its slots
+	}
 	_, held, err := f.stat()
 	f.b.settleLocked(held, err == nil)
 }
@@ -348,6 +367,16 @@ func (b *Buffer) SetOwner(uid uint32) error {
 		return fmt.Errorf("chown: %w", b.gone)
 	}
 	if uid == b.owner {
+		return nil
+	}
+	if b.slot != nil {
+		// Nothing charged of its own: only the file count moves.
+		if !b.orphan {
+			m.user(b.owner).Buffers--
+			m.user(uid).Buffers++
+		}
+		m.unuse(b.owner)
+		b.owner = uid
 		return nil
 	}
 	n := b.regs.length()
@@ -429,7 +458,7 @@ var errCut = fmt.Errorf("written past max_pinned_per_user through a zero-copy op
 func (b *Buffer) cutLocked() bool {
 	m := b.m
 	quota := m.opt.MaxPinnedPerUser
-	if quota == 0 || b.gone != nil {
+	if quota == 0 || b.gone != nil || b.slot != nil {
 		return false
 	}
 	m.mu.Lock()
@@ -471,6 +500,9 @@ func (b *Buffer) Flush() error {
 	defer b.mu.Unlock()
 	if b.gone != nil {
 		return fmt.Errorf("flush: %w", b.gone)
+	}
+	if b.slot != nil {
+		return nil
 	}
 	err := b.syncLocked()
 	if b.cutLocked() || b.cut {

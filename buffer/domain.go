@@ -27,6 +27,8 @@ type Domain struct {
 	closed  bool
 	closing bool               // Close is closing the users
 	users   map[*user]struct{} // see Attach
+	pool    *Pool              // set once: its files are slots (pool.go)
+	making  bool               // MakePool is making the pool
 }
 
 // user is something living in the PD besides regions (a queue pair, a
@@ -148,10 +150,16 @@ func (d *Domain) DefaultAccess() verbs.Access {
 }
 
 // SetDefaultAccess checks a (EINVAL, EPERM, EOPNOTSUPP as SetAccess) and
-// stores it. Buffers already in d keep their access.
+// stores it. Buffers already in d keep their access, but in a pool, whose
+// chunks are re-registered with a (new keys for all its files).
 func (d *Domain) SetDefaultAccess(a verbs.Access) error {
 	if err := d.m.checkAccess(a); err != nil {
 		return err
+	}
+	if p := d.Pool(); p != nil {
+		if err := p.setAccess(a); err != nil {
+			return err
+		}
 	}
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
@@ -186,6 +194,19 @@ func (d *Domain) Close() error {
 	}
 	if d.nbuf > 0 { // a Create or Move came in meanwhile
 		return fmt.Errorf("pd %d holds %d buffers: %w", d.handle, d.nbuf, syscall.ENOTEMPTY)
+	}
+	if p := d.pool; p != nil {
+		// Its chunks are the last regions in the PD: their slots' files
+		// are gone. Without m.mu (the pool's lock comes first); closing
+		// keeps buffers out meanwhile.
+		d.closing = true
+		d.m.mu.Unlock()
+		err := p.close()
+		d.m.mu.Lock()
+		d.closing = false
+		if err != nil {
+			return fmt.Errorf("pd %d: %w", d.handle, err)
+		}
 	}
 	// Dealloc under m.mu: a Create or Move into d reserves its place
 	// under m.mu too, so none can register in the PD while it goes away.

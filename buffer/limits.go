@@ -29,6 +29,8 @@ const (
 	limitMaxMapCount limitKind = "vm.max_map_count"
 	limitStore       limitKind = "store"
 	limitMaxPD       limitKind = "max_pd"
+	limitPoolFull    limitKind = "pool"
+	limitPoolAccess  limitKind = "pool access"
 	// limitCut keys the log of writes taken back past a quota.
 	limitCut limitKind = "writes past max_pinned_per_user"
 )

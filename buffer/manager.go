@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"syscall"
 	"time"
@@ -221,6 +222,14 @@ func (m *Manager) Close() (Freed, error) {
 		freed.UnpinnedBytes += unpinned
 	}
 
+	for d := range m.domainsSnapshot() {
+		if p := d.Pool(); p != nil {
+			// After the slots' buffers, before the PD.
+			if err := p.close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for d := range m.domains {
@@ -233,6 +242,13 @@ func (m *Manager) Close() (Freed, error) {
 		delete(m.domains, d)
 	}
 	return freed, errors.Join(errs...)
+}
+
+// domainsSnapshot is the set of domains now.
+func (m *Manager) domainsSnapshot() map[*Domain]struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.domains)
 }
 
 // Sentinels for a buffer or domain that is gone. They wrap the errnos the
@@ -256,6 +272,9 @@ func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) error {
 		}
 		if err := d.openLocked(); err != nil {
 			return err
+		}
+		if d.making {
+			return fmt.Errorf("pd %d is being made a pool: %w", d.handle, syscall.EBUSY)
 		}
 		max := m.opt.MaxBuffers
 		if max <= 0 || len(m.buffers)+m.orphans < max {

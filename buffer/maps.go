@@ -85,7 +85,22 @@ func (c *mapCount) due(t time.Time) bool {
 // mapFile maps the first n bytes of f for a buffer, if the mapping limit
 // allows one more (ENOSPC naming vm.max_map_count otherwise).
 func (m *Manager) mapFile(f store.File, n uint64) (mapping, error) {
+	if err := m.reserveMaps(1); err != nil {
+		return mapping{}, err
+	}
+	p, err := f.Map(n)
+	if err != nil {
+		m.unreserveMaps(1)
+		return mapping{}, m.classifyFd(err)
+	}
+	return mapping{base: p, len: pageRound(n)}, nil
+}
+
+// reserveMaps counts n more mappings of the daemon's, if the limit
+// allows them (ENOSPC naming vm.max_map_count otherwise).
+func (m *Manager) reserveMaps(n int) error {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.maps.due(now()) {
 		m.maps.counting = true
 		own := m.maps.own
@@ -101,26 +116,24 @@ func (m *Manager) mapFile(f store.File, n uint64) (mapping, error) {
 			m.maps.limit = limit
 		}
 	}
-	if m.maps.headroom() == 0 {
-		defer m.mu.Unlock()
+	if m.maps.headroom() < n {
 		c := &m.maps
-		return mapping{}, m.refuseLocked(limitMaxMapCount, syscall.ENOSPC,
+		return m.refuseLocked(limitMaxMapCount, syscall.ENOSPC,
 			fmt.Sprintf("vm.max_map_count (%d) reached", c.limit),
-			fmt.Sprintf("cannot map a buffer: the daemon has %d mappings, %d of them buffers, and keeps %d of vm.max_map_count (%d) for itself; each registered buffer is one mapping: raise it with `sysctl vm.max_map_count=%d`, or hold fewer buffers",
-				c.usedLocked(), c.own, c.reserve(), c.limit, 2*c.limit),
+			fmt.Sprintf("cannot map %d more: the daemon has %d mappings, %d of them buffers and pool slots, and keeps %d of vm.max_map_count (%d) for itself; each registered buffer and each pool slot is one mapping: raise it with `sysctl vm.max_map_count=%d`, or hold fewer buffers",
+				n, c.usedLocked(), c.own, c.reserve(), c.limit, 2*c.limit),
 			"value", c.limit, "mappings", c.usedLocked())
 	}
-	m.maps.own++
-	m.maps.since++
+	m.maps.own += n
+	m.maps.since += n
+	return nil
+}
+
+// unreserveMaps gives back n mappings' count.
+func (m *Manager) unreserveMaps(n int) {
+	m.mu.Lock()
+	m.maps.own -= n
 	m.mu.Unlock()
-	p, err := f.Map(n)
-	if err != nil {
-		m.mu.Lock()
-		m.maps.own--
-		m.mu.Unlock()
-		return mapping{}, m.classifyFd(err)
-	}
-	return mapping{base: p, len: pageRound(n)}, nil
 }
 
 // unmap drops a buffer's mapping and its count.
@@ -133,9 +146,7 @@ func (m *Manager) unmap(mp *mapping) {
 		*mp = mapping{}
 		return // it still counts: it is still there
 	}
-	m.mu.Lock()
-	m.maps.own--
-	m.mu.Unlock()
+	m.unreserveMaps(1)
 }
 
 // MapHeadroom is how many buffers the daemon could map now, with what the

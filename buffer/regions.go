@@ -108,8 +108,8 @@ func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("%s: %w", what, interrupted(ctx))
 			}
-			if cur, _, serr := f.Stat(); serr == nil && cur < length {
-				err = fmt.Errorf("%w (to %s): %w", errRaced, bytesize.Format(cur), err)
+			if shrank(f, length) {
+				err = fmt.Errorf("%w: %w", errRaced, err)
 			} else if serr := m.storeFull(err, n); serr != err {
 				err = serr
 			} else {
@@ -132,6 +132,16 @@ func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum
 	m.pinLocked(owner, oldLen, length)
 	m.mu.Unlock()
 	return rs, nil
+}
+
+// shrank says whether f is now shorter than length; nil f (a pool's
+// chunk, whose files cannot change size) never is.
+func shrank(f store.File, length uint64) bool {
+	if f == nil {
+		return false
+	}
+	cur, _, err := f.Stat()
+	return err == nil && cur < length
 }
 
 // deregister deregisters rs in order. uncharge says whether their bytes

@@ -146,7 +146,9 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 
 func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_TRUNC != 0 {
-		if err := n.buf.Resize(ctx, 0); err != nil {
+		// O_TRUNC comes here (CAP_ATOMIC_O_TRUNC), not as a truncate to
+		// 0: a pool file's is a zeroed slot of the same size.
+		if err := n.buf.Clear(ctx); err != nil {
 			return nil, 0, toErrno(n.fsys.log, "open O_TRUNC", err)
 		}
 		n.f.Touch(true)

@@ -70,7 +70,9 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 			// Without it every write() costs a security.capability
 			// GETXATTR; mrfs never stores set-id bits, so there is
 			// nothing to clear.
-			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2,
+			// O_TRUNC arrives with the OPEN rather than as a truncate
+			// to 0, which a pool file refuses (its O_TRUNC zeroes it).
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ATOMIC_O_TRUNC,
 			Debug:             mo.RequestLog != nil,
 			Logger:            mo.RequestLog,
 		},

@@ -80,6 +80,17 @@ type desc struct {
 	// The keys above are the first's; a peer uses the region that holds
 	// the address it reaches for.
 	Regions []descRegion `json:"regions"`
+	// Pool is where a pool file's slot is; its region above is the
+	// chunk's, which holds every slot of the chunk under one key.
+	Pool *descPool `json:"pool,omitempty"`
+}
+
+// descPool is a pool file's place: its pool's directory (when known),
+// the slot's number and the slot size.
+type descPool struct {
+	Dir      string `json:"dir,omitempty"`
+	Slot     int    `json:"slot"`
+	SlotSize string `json:"slot_size"`
 }
 
 // descRegion is one memory region, in the formats of the xattrs.
@@ -127,7 +138,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrZeroCopy:
 		v = boolString(n.fsys.ZeroCopy)
 	case xattrDesc:
-		return descJSON(n.fsys.mgr, n.buf, info, regs), 0
+		return descJSON(n.fsys.mgr, n.buf, info, regs, n.f.DirPath()), 0
 	default:
 		return nil, syscall.ENODATA
 	}
@@ -142,11 +153,17 @@ func Desc(mgr *buffer.Manager, b *buffer.Buffer) (desc []byte, info buffer.Info,
 	if info.State != buffer.Registered {
 		return nil, info, false
 	}
-	return descJSON(mgr, b, info, regs), info, true
+	return descJSON(mgr, b, info, regs, ""), info, true
 }
 
-func descJSON(mgr *buffer.Manager, b *buffer.Buffer, info buffer.Info, regs []buffer.Region) []byte {
+// descJSON is the desc of b; dir is its directory's path, when known.
+func descJSON(mgr *buffer.Manager, b *buffer.Buffer, info buffer.Info, regs []buffer.Region, dir string) []byte {
+	var pool *descPool
+	if s := info.Pool; s != nil {
+		pool = &descPool{Dir: dir, Slot: s.Index, SlotSize: strconv.FormatUint(s.Size, 10)}
+	}
 	j, _ := json.Marshal(desc{
+		Pool:       pool,
 		Device:     mgr.Device().Name(),
 		Addr:       hexAddr(info.Addr),
 		Length:     strconv.FormatUint(info.Length, 10),
@@ -214,6 +231,10 @@ func (n *dirNode) dirXattr(name string) ([]byte, syscall.Errno) {
 		}
 	case xattrRemote:
 		return []byte(n.remote()), 0
+	case xattrPool:
+		if p := n.dir.Domain().Pool(); p != nil {
+			return []byte(poolString(p.Info())), 0
+		}
 	}
 	return nil, syscall.ENODATA
 }
@@ -299,6 +320,9 @@ func (n *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.E
 	if n.dir.IsRoot() {
 		names = rootXattrs
 	}
+	if n.dir.Domain().Pool() != nil {
+		names = append(slices.Clone(names), xattrPool)
+	}
 	if _, err := n.dir.Token(caller(ctx)); err != nil {
 		// Not listed to whoever may not read it: getfattr -d then
 		// reads what it lists without an error.
@@ -343,6 +367,13 @@ func (n *bufferNode) Setxattr(ctx context.Context, attr string, data []byte, fla
 }
 
 func (n *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if attr == xattrPool {
+		if err := n.setPool(string(data), caller(ctx).UID); err != nil {
+			return toErrno(n.fsys.log, "set pool", err)
+		}
+		n.dir.Touch(true)
+		return 0
+	}
 	return setAccessXattr(n.fsys, n.dir, attr, xattrDefaultAccess, data, flags, n.dir.Domain().SetDefaultAccess)
 }
 
@@ -392,6 +423,18 @@ type stats struct {
 	// PID is the daemon's process: `mrfs umount` waits for it to exit
 	// where the kernel's fdinfo does not name a FUSE connection's server.
 	PID int `json:"pid"`
+	// Pools are the mount's pools by PD number (DESIGN "Pools").
+	Pools map[string]statsPool `json:"pools,omitempty"`
+}
+
+// statsPool is one pool: its slots, chunks and the chunks' keys.
+type statsPool struct {
+	SlotSize uint64   `json:"slot_size"`
+	Slots    int      `json:"slots"`
+	Used     int      `json:"used"`
+	Chunks   int      `json:"chunks"`
+	RKeys    []string `json:"rkeys"`
+	Access   string   `json:"access"`
 }
 
 type statsLimits struct {
@@ -419,11 +462,24 @@ func (fsys *filesystem) statsJSON() []byte {
 	for uid, u := range st.Users {
 		users[strconv.FormatUint(uint64(uid), 10)] = statsUser{Buffers: u.Buffers, PinnedBytes: u.PinnedBytes, ChargedBytes: u.Charged}
 	}
+	var pools map[string]statsPool
+	for pd, p := range fsys.mgr.Pools() {
+		in := p.Info()
+		sp := statsPool{SlotSize: in.Slot, Slots: in.Slots, Used: in.Used, Chunks: in.Chunks, Access: in.Access.String()}
+		for _, r := range in.Regions {
+			sp.RKeys = append(sp.RKeys, hex32(r.RKey))
+		}
+		if pools == nil {
+			pools = map[string]statsPool{}
+		}
+		pools[strconv.FormatUint(uint64(pd), 10)] = sp
+	}
 	maxMRSize := attr.MaxMRSize
 	if maxMRSize == ^uint64(0) {
 		maxMRSize = 0 // unlimited
 	}
 	b, err := json.Marshal(stats{
+		Pools:             pools,
 		Backend:           fsys.Backend,
 		Device:            fsys.mgr.Device().Name(),
 		ZeroCopy:          fsys.ZeroCopy,

@@ -33,6 +33,7 @@ type tmpfs struct {
 	root   int // the instance's root (fsmount), attached to no directory
 	opt    TmpfsOptions
 	closed atomic.Bool
+	res    reserved // sealed.go
 }
 
 // NewTmpfs makes a private tmpfs instance with opt. Errors wrap

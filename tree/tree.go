@@ -160,6 +160,7 @@ type Dir struct {
 type File struct {
 	node
 	buf      *buffer.Buffer // set at creation, never changed
+	t        *Tree          // immutable
 	unlinked atomic.Bool
 }
 
@@ -182,6 +183,17 @@ func (d *Dir) IsRoot() bool { return d == d.t.root }
 
 // Buffer is the file's buffer.
 func (f *File) Buffer() *buffer.Buffer { return f.buf }
+
+// DirPath is the path of f's directory ("" once unlinked).
+func (f *File) DirPath() string {
+	f.t.mu.RLock()
+	p := f.parent
+	f.t.mu.RUnlock()
+	if p == nil {
+		return ""
+	}
+	return p.Path()
+}
 
 // Unlinked reports whether the file was removed from the namespace (by
 // unlink or by a rename over it); something may still hold it open.
@@ -263,7 +275,7 @@ func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) 
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", name, err)
 	}
-	f := &File{buf: buf}
+	f := &File{buf: buf, t: d.t}
 	f.meta = newMeta(owner, d.t.perm(mode))
 	if prepare != nil {
 		err = prepare(f)
@@ -291,8 +303,36 @@ func (d *Dir) link(name string, n Node) error {
 	if d.entries[name] != nil {
 		return fmt.Errorf("%q exists: %w", name, syscall.EEXIST)
 	}
+	if _, ok := n.(*Dir); ok && d.dom.Pool() != nil {
+		return fmt.Errorf("a pool holds only files: %w", syscall.EPERM)
+	}
 	d.addLocked(name, n)
 	return nil
+}
+
+// MakePool turns d, an empty directory other than the root, into a pool
+// of slots slots of slot bytes charged to owner (buffer.Domain.MakePool):
+// ENOTEMPTY when it holds anything. Names wait meanwhile.
+func (d *Dir) MakePool(slot uint64, slots int, owner uint32) (*buffer.Pool, error) {
+	t := d.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for t.waitLocked(d) {
+	}
+	switch {
+	case d == t.root:
+		return nil, fmt.Errorf("make a pool: the mount's root cannot be one; make a directory for it: %w", syscall.EPERM)
+	case d.parent == nil:
+		return nil, fmt.Errorf("make a pool: directory removed: %w", syscall.ENOENT)
+	case len(d.entries) > 0:
+		return nil, fmt.Errorf("make a pool: the directory holds %d entries: %w", len(d.entries), syscall.ENOTEMPTY)
+	}
+	done := t.markLocked(d)
+	defer done()
+	t.mu.Unlock()
+	p, err := d.dom.MakePool(slot, slots, owner)
+	t.mu.Lock()
+	return p, err
 }
 
 // waitAddLocked waits, before a name is added to d, for an rmdir or a
@@ -330,6 +370,9 @@ func (d *Dir) Nlink() uint32 {
 func (d *Dir) Mkdir(name string, owner Owner, mode uint32, prepare func(*Dir)) (*Dir, error) {
 	if err := checkName(name); err != nil {
 		return nil, fmt.Errorf("mkdir: %w", err)
+	}
+	if d.dom.Pool() != nil {
+		return nil, fmt.Errorf("mkdir %q: a pool holds only files: %w", name, syscall.EPERM)
 	}
 	dom, err := d.t.mgr.NewDomain(d.t.opt.DefaultAccess)
 	if err != nil {
@@ -550,6 +593,10 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 		}
 		if dst != t.root && dst.parent == nil {
 			return nil, fmt.Errorf("rename %q: the directory of %q was removed: %w", name, newName, syscall.ENOENT)
+		}
+		if d != dst && (d.dom.Pool() != nil || dst.dom.Pool() != nil) {
+			// A pool's files are slots of its registration (mv copies).
+			return nil, fmt.Errorf("rename %q into or out of a pool: %w", name, syscall.EXDEV)
 		}
 		_, srcIsDir := src.(*Dir)
 		switch {

@@ -37,6 +37,8 @@ func commands() []command {
 			summary: "Print the buffers of a mount with their keys and access, the totals and the limits."},
 		{name: "alloc", args: "SIZE FILE", run: cmdAlloc,
 			summary: "Create FILE on an mrfs mount, or resize it, to SIZE bytes (64MiB, 8GiB, ...) and wait until it is registered, showing the progress; Ctrl-C stops the registration and leaves FILE as it was."},
+		{name: "pool", args: "DIR", run: cmdPool,
+			summary: "Make DIR a pool of fixed-size slots registered in a few big regions (files in it are ready at once, zeroed when unlinked), or change its slots. " + poolTrust},
 		{name: "devices", run: func(a []string, o, _ io.Writer) error { return cmdDevices(a, o) },
 			summary: "List the devices of the chosen verbs backend with their limits (max_mr and others)."},
 		{name: "remote", ops: []string{"read", "write", "cas", "fadd"}, run: func(a []string, o, _ io.Writer) error { return cmdRemote(a, o) },

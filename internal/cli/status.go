@@ -43,6 +43,28 @@ type rootStats struct {
 		Buffers      int    `json:"buffers"`
 		ChargedBytes uint64 `json:"charged_bytes"`
 	} `json:"users"`
+	Pools map[string]struct {
+		Slots  int      `json:"slots"`
+		Used   int      `json:"used"`
+		RKeys  []string `json:"rkeys"`
+		Access string   `json:"access"`
+	} `json:"pools"`
+}
+
+// poolLine is status's line for the pool directory rel (at path), whose
+// user.mrfs.pool is v: its slots used and free, chunks and keys.
+func poolLine(rel, path, v string, pools map[string]struct {
+	Slots  int      `json:"slots"`
+	Used   int      `json:"used"`
+	RKeys  []string `json:"rkeys"`
+	Access string   `json:"access"`
+}) string {
+	line := fmt.Sprintf("pool %s: %s", rel, v)
+	pd, err := getxattr(path, "user.mrfs.pd")
+	if p, ok := pools[string(pd)]; err == nil && ok {
+		line += fmt.Sprintf(", %d free, rkeys %s, access %s", p.Slots-p.Used, strings.Join(p.RKeys, " "), p.Access)
+	}
+	return line
 }
 
 // cmdStatus prints the buffers of a mount, read from its xattrs alone:
@@ -68,7 +90,7 @@ func cmdStatus(args []string, stdout io.Writer) error {
 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tPD\tLENGTH\tSTATE\tLKEY\tRKEY\tADDR\tACCESS")
-	var unreadable []string
+	var unreadable, pools []string
 	walkErr := filepath.WalkDir(dir, func(path string, d iofs.DirEntry, err error) error {
 		rel, _ := filepath.Rel(dir, path)
 		if err != nil {
@@ -81,6 +103,9 @@ func cmdStatus(args []string, stdout io.Writer) error {
 			return err
 		}
 		if d.IsDir() {
+			if v, err := getxattr(path, "user.mrfs.pool"); err == nil {
+				pools = append(pools, poolLine(rel, path, string(v), st.Pools))
+			}
 			return nil
 		}
 		if strings.ContainsFunc(rel, unicode.IsControl) {
@@ -94,6 +119,9 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		return fmt.Errorf("walk %s: %w", dir, walkErr)
 	}
 
+	for _, p := range pools {
+		fmt.Fprintln(stdout, p)
+	}
 	zc := "on"
 	if st.ZeroCopy != nil && !*st.ZeroCopy {
 		zc = "off"

@@ -1,0 +1,452 @@
+package buffer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/internal/bytesize"
+	"mrfs/store"
+	"mrfs/verbs"
+)
+
+// A pool (DESIGN "Pools") is a domain whose buffers are fixed-size slots
+// of a few big registrations: each chunk is one reservation of address
+// space in which every slot is its own sealed memfd (store.NewSealed)
+// mapped at its place, and the chunk is registered as one region. A slot's
+// buffer has no file, mapping or registration of its own; creating one
+// takes a free slot and nothing else. The pool's memory is charged to its
+// owner through holder (admission works on a buffer's charge), and taken
+// from the store's own bound (store.Reserver), so that the kernel's bound
+// on the store and the pools together stays the budget.
+//
+// Slots are zeroed when their file is unlinked, or at the last release of
+// a file unlinked while open: no byte of one file is readable through the
+// next one given its slot.
+//
+// Lock order: a slot's Buffer.mu, then Pool.mu, then Manager.mu.
+type Pool struct {
+	m      *Manager
+	d      *Domain
+	slot   uint64  // immutable: bytes per slot, whole pages
+	per    int     // immutable: slots per region (max_mr_size / slot)
+	owner  uint32  // immutable: charged for the pool's memory
+	holder *Buffer // immutable: carries the charge
+
+	mu sync.Mutex
+	// guards: chunks (and every chunk's regs), free, used, access,
+	// closed.
+	chunks []*chunk
+	free   []int // free slot numbers; the last is given next
+	used   int
+	access verbs.Access
+	closed bool
+}
+
+// chunk is slots [first, first+n) of a pool: one reservation, one region.
+type chunk struct {
+	first, n int
+	base     unsafe.Pointer
+	regs     regions
+}
+
+// slotRef is a slot's buffer's place in its pool; immutable.
+type slotRef struct {
+	p    *Pool
+	i    int
+	addr unsafe.Pointer // the slot's memory: its chunk stays while it is used
+}
+
+// PoolInfo is a snapshot of a pool.
+type PoolInfo struct {
+	Slot          uint64 // bytes per slot
+	Slots, Used   int
+	Chunks        int
+	Access        verbs.Access
+	Owner         uint32
+	Regions       []Region // one per chunk
+	RegisteredLen uint64
+}
+
+// SlotInfo says where a pool file's buffer lives in its pool.
+type SlotInfo struct {
+	Index int    // the slot's number in the pool
+	Size  uint64 // the pool's slot size
+}
+
+// Pool is d's pool, nil when d is an ordinary directory.
+func (d *Domain) Pool() *Pool {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	return d.pool
+}
+
+// MakePool turns d, which must hold no buffer (EBUSY), into a pool of
+// slots slots of slot bytes (rounded up to whole pages) with d's default
+// access, owned by (charged to) owner: the whole pool is admitted at once
+// (max_pinned, the owner's quota, the memory left), populated and
+// registered in as few regions as the device allows. EINVAL for a size
+// of nothing or one past a region, EEXIST when d is a pool already; the
+// limits as for any registration.
+func (d *Domain) MakePool(slot uint64, slots int, owner uint32) (*Pool, error) {
+	m := d.m
+	slot = pageRound(slot)
+	switch {
+	case slot == 0 || slots <= 0:
+		return nil, fmt.Errorf("pool of %d slots of %s: %w", slots, bytesize.Format(slot), syscall.EINVAL)
+	case slot > m.attr.MaxMRSize:
+		return nil, fmt.Errorf("pool slot of %s: larger than a region may be (%s, max_mr_size or buffers.max_region_size): %w",
+			bytesize.Format(slot), bytesize.Format(m.attr.MaxMRSize), syscall.EINVAL)
+	case uint64(slots) > (1<<62)/slot:
+		return nil, fmt.Errorf("pool of %d slots of %s: %w", slots, bytesize.Format(slot), syscall.EFBIG)
+	}
+	if _, ok := m.store.(store.Reserver); !ok && m.store.Kind() != "memfd" {
+		return nil, fmt.Errorf("pool: the %s store cannot give room to one: %w", m.store.Kind(), syscall.EOPNOTSUPP)
+	}
+	p := &Pool{m: m, d: d, slot: slot, per: int(min(m.attr.MaxMRSize/slot, 1<<30)), owner: owner,
+		holder: &Buffer{m: m, dom: d, owner: owner}}
+	m.mu.Lock()
+	err := d.openLocked()
+	switch {
+	case err != nil:
+	case d.pool != nil:
+		err = fmt.Errorf("pd %d is a pool already: %w", d.handle, syscall.EEXIST)
+	case d.nbuf > 0 || d.making:
+		err = fmt.Errorf("pd %d holds %d buffers; a pool is made of an empty directory: %w", d.handle, d.nbuf, syscall.EBUSY)
+	}
+	if err == nil {
+		d.making = true // no buffer comes in meanwhile (reserveBuffer)
+		p.access = d.access
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	err = p.growLocked(slots)
+	p.mu.Unlock()
+	m.mu.Lock()
+	d.making = false
+	if err == nil {
+		d.pool = p
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Info is a snapshot of the pool.
+func (p *Pool) Info() PoolInfo {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	in := PoolInfo{Slot: p.slot, Slots: p.slotsLocked(), Used: p.used, Chunks: len(p.chunks), Access: p.access, Owner: p.owner}
+	for _, c := range p.chunks {
+		in.Regions = append(in.Regions, c.regs.list()...)
+		in.RegisteredLen += c.regs.length()
+	}
+	return in
+}
+
+// Domain is the pool's domain.
+func (p *Pool) Domain() *Domain { return p.d }
+
+func (p *Pool) slotsLocked() int {
+	if len(p.chunks) == 0 {
+		return 0
+	}
+	c := p.chunks[len(p.chunks)-1]
+	return c.first + c.n
+}
+
+// SetSlots grows the pool to n slots (new chunks) or shrinks it by
+// freeing whole chunks from the end: EINVAL when n is not where a chunk
+// ends, EBUSY when a slot to free is in use.
+func (p *Pool) SetSlots(n int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("pool: %w", syscall.ENOENT)
+	}
+	have := p.slotsLocked()
+	switch {
+	case n <= 0:
+		return fmt.Errorf("pool of %d slots: remove the directory instead: %w", n, syscall.EINVAL)
+	case n > have:
+		return p.growLocked(n - have)
+	case n == have:
+		return nil
+	}
+	k := len(p.chunks)
+	for k > 0 && p.chunks[k-1].first >= n {
+		k--
+	}
+	if p.chunks[k-1].first+p.chunks[k-1].n != n {
+		return fmt.Errorf("pool of %d slots: chunks end at slot %d, not %d; a pool shrinks by whole chunks: %w",
+			have, p.chunks[k-1].first+p.chunks[k-1].n, n, syscall.EINVAL)
+	}
+	free := make(map[int]bool, len(p.free))
+	for _, i := range p.free {
+		free[i] = true
+	}
+	for i := n; i < have; i++ {
+		if !free[i] {
+			return fmt.Errorf("pool: slot %d is in use (or held open): %w", i, syscall.EBUSY)
+		}
+	}
+	p.free = slices.DeleteFunc(p.free, func(i int) bool { return i >= n })
+	for len(p.chunks) > k {
+		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
+			return err
+		}
+		p.chunks = p.chunks[:len(p.chunks)-1]
+	}
+	return nil
+}
+
+// growLocked adds n slots in new chunks, all or nothing: admitted and
+// charged first, then made, populated and registered. Callers hold p.mu.
+func (p *Pool) growLocked(n int) error {
+	m, d := p.m, p.d
+	bytes := uint64(n) * p.slot
+	if err := m.tooLarge(p.holder.charge.Load()+bytes, p.owner); err != nil {
+		return err
+	}
+	if err := m.admit(p.holder, p.holder.charge.Load(), bytes, true); err != nil {
+		return fmt.Errorf("pool of %d slots of %s in pd %d: %w", n, bytesize.Format(p.slot), d.handle, err)
+	}
+	settle := func(ok bool) {
+		held := p.holder.charge.Load()
+		if !ok {
+			held -= bytes
+		}
+		p.holder.settleLocked(held, true)
+	}
+	if r, ok := m.store.(store.Reserver); ok {
+		if err := r.Reserve(bytes); err != nil {
+			settle(false)
+			return fmt.Errorf("pool of %s in pd %d: %w", bytesize.Format(bytes), d.handle,
+				m.refuse(limitStore, syscall.ENOSPC, "the store is full", "cannot make a pool: "+err.Error()))
+		}
+	}
+	var made []*chunk
+	first := p.slotsLocked()
+	for left := n; left > 0; {
+		k := min(left, p.per)
+		c, err := p.makeChunk(first, k)
+		if err != nil {
+			for _, c := range made {
+				p.dropLocked(c)
+			}
+			if r, ok := m.store.(store.Reserver); ok {
+				r.Unreserve(bytes)
+			}
+			settle(false)
+			return fmt.Errorf("pool of %d slots of %s in pd %d: %w", n, bytesize.Format(p.slot), d.handle, err)
+		}
+		made = append(made, c)
+		first += k
+		left -= k
+	}
+	settle(true)
+	p.chunks = append(p.chunks, made...)
+	// Free is used from its end: the lowest new slot is given next.
+	for i := first - 1; i >= first-n; i-- {
+		p.free = append(p.free, i)
+	}
+	return nil
+}
+
+// makeChunk reserves the address space of slots [first, first+n), maps a
+// sealed memfd at each slot's place and registers the whole range.
+func (p *Pool) makeChunk(first, n int) (*chunk, error) {
+	m := p.m
+	length := uint64(n) * p.slot
+	if err := m.reserveMaps(n); err != nil {
+		return nil, err
+	}
+	base, err := unix.MmapPtr(-1, 0, nil, uintptr(length), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		m.unreserveMaps(n)
+		return nil, fmt.Errorf("reserve %s of address space: %w", bytesize.Format(length), err)
+	}
+	c := &chunk{first: first, n: n, base: base}
+	for i := range n {
+		if err := p.mapSlot(unsafe.Add(base, uint64(i)*p.slot)); err != nil {
+			p.unmapChunk(c)
+			return nil, m.classifyFd(err)
+		}
+	}
+	rs, err := m.register(context.Background(), nil, p.d.pd, p.d.handle, base, length, 0, 0, p.owner, p.access, nil)
+	if err != nil {
+		p.unmapChunk(c)
+		return nil, err
+	}
+	c.regs = rs
+	return c, nil
+}
+
+// mapSlot maps a new sealed memfd of one slot at addr, in place of the
+// reservation.
+func (p *Pool) mapSlot(addr unsafe.Pointer) error {
+	fd, err := store.NewSealed(p.slot)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	_, err = unix.MmapPtr(fd, 0, addr, uintptr(p.slot), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		return fmt.Errorf("map a pool slot: %w", err)
+	}
+	return nil
+}
+
+// unmapChunk unmaps c's range (its memfds go with their last mapping
+// elsewhere) and gives back its count of mappings.
+func (p *Pool) unmapChunk(c *chunk) {
+	if err := unix.MunmapPtr(c.base, uintptr(uint64(c.n)*p.slot)); err != nil {
+		p.m.log.Error("leaking a pool chunk's mappings", "err", err)
+		return
+	}
+	p.m.unreserveMaps(c.n)
+}
+
+// dropLocked deregisters c, then unmaps it and gives its memory back to
+// the budget and the store. Callers hold p.mu.
+func (p *Pool) dropLocked(c *chunk) error {
+	m := p.m
+	if rest, err := m.deregister(c.regs, p.owner, true); err != nil {
+		c.regs = rest
+		return fmt.Errorf("pool: %w", err) // nothing is unmapped under a live region
+	}
+	c.regs = nil
+	p.unmapChunk(c)
+	bytes := uint64(c.n) * p.slot
+	if r, ok := m.store.(store.Reserver); ok {
+		r.Unreserve(bytes)
+	}
+	m.mu.Lock()
+	m.setChargeLocked(p.holder, p.holder.charge.Load()-min(bytes, p.holder.charge.Load()))
+	m.memAt = time.Time{} // memory was freed: read MemAvailable afresh
+	m.mu.Unlock()
+	return nil
+}
+
+// close frees every chunk (the pool's directory is removed, or the
+// manager closes); its slots' buffers are gone before. Errors leave the
+// chunks that could not be deregistered.
+func (p *Pool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for len(p.chunks) > 0 {
+		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
+			return err
+		}
+		p.chunks = p.chunks[:len(p.chunks)-1]
+	}
+	p.free = nil
+	return nil
+}
+
+// setAccess re-registers every chunk with a (new regions first, then the
+// old ones deregistered): new keys for all the pool's files. All or
+// nothing.
+func (p *Pool) setAccess(a verbs.Access) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("pool: %w", syscall.ENOENT)
+	}
+	m := p.m
+	made := make([]regions, 0, len(p.chunks))
+	for _, c := range p.chunks {
+		rs, err := m.register(context.Background(), nil, p.d.pd, p.d.handle, c.base, uint64(c.n)*p.slot, 0, uint64(c.n)*p.slot, p.owner, a, nil)
+		if err != nil {
+			for _, rs := range made {
+				if _, derr := m.deregister(rs, p.owner, true); derr != nil {
+					m.log.Error("leaking memory regions", "err", derr)
+				}
+			}
+			return fmt.Errorf("re-register the pool's chunks with %s: %w", a, err)
+		}
+		made = append(made, rs)
+	}
+	for i, c := range p.chunks {
+		if _, err := m.deregister(c.regs, p.owner, true); err != nil {
+			m.log.Error("leaking memory regions", "err", err)
+		}
+		c.regs = made[i]
+	}
+	p.access = a
+	return nil
+}
+
+// take gives a free slot: ENOSPC naming the pool when none is.
+func (p *Pool) take() (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, fmt.Errorf("pool: %w", syscall.ENOENT)
+	}
+	if len(p.free) == 0 {
+		m := p.m
+		return 0, m.refuse(limitPoolFull, syscall.ENOSPC, fmt.Sprintf("pool of pd %d is full (%d slots)", p.d.handle, p.slotsLocked()),
+			fmt.Sprintf("cannot create a file in the pool of pd %d: all its %d slots of %s are taken; remove files or raise its slots", p.d.handle, p.slotsLocked(), bytesize.Format(p.slot)))
+	}
+	i := p.free[len(p.free)-1]
+	p.free = p.free[:len(p.free)-1]
+	p.used++
+	return i, nil
+}
+
+// give zeroes slot i and makes it free again.
+func (p *Pool) give(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	clear(p.bytesLocked(i))
+	p.free = append(p.free, i)
+	p.used--
+}
+
+// addrLocked is slot i's address, and its chunk. Callers hold p.mu.
+func (p *Pool) addrLocked(i int) (unsafe.Pointer, *chunk) {
+	for _, c := range p.chunks {
+		if i >= c.first && i < c.first+c.n {
+			return unsafe.Add(c.base, uint64(i-c.first)*p.slot), c
+		}
+	}
+	return nil, nil
+}
+
+// bytesLocked is slot i's memory. Callers hold p.mu.
+func (p *Pool) bytesLocked(i int) []byte {
+	a, _ := p.addrLocked(i)
+	if a == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(a), p.slot)
+}
+
+// Pools are the manager's pools, by their PD's number.
+func (m *Manager) Pools() map[uint32]*Pool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ps := make(map[uint32]*Pool)
+	for d := range m.domains {
+		if d.pool != nil {
+			ps[d.handle] = d.pool
+		}
+	}
+	return ps
+}

@@ -1,0 +1,229 @@
+package buffer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/buffer"
+	"mrfs/verbs"
+)
+
+// newPool makes e's first domain a pool of slots slots of slot bytes.
+func newPool(t *testing.T, e *env, slot uint64, slots int) *buffer.Pool {
+	t.Helper()
+	p, err := e.d.MakePool(slot, slots, 0)
+	if err != nil {
+		t.Fatalf("MakePool(%d, %d): %v", slot, slots, err)
+	}
+	return p
+}
+
+// A pool of 8 slots is one region; its files take slots without a
+// registration of their own, share the chunk's keys at their own
+// addresses, and a full pool is ENOSPC naming the pool.
+func TestPoolSlots(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	p := newPool(t, e, 64<<10, 8)
+	if mrs, _ := e.dev.counts(); mrs != 1 {
+		t.Fatalf("a pool of 8 slots holds %d regions, want 1", mrs)
+	}
+	in := p.Info()
+	if in.Slots != 8 || in.Used != 0 || in.Chunks != 1 || len(in.Regions) != 1 || in.Regions[0].Length != 8*64<<10 {
+		t.Fatalf("pool info %+v", in)
+	}
+	var bufs []*buffer.Buffer
+	for i := range 8 {
+		b, err := e.m.Create(e.d, 0, 0)
+		if err != nil {
+			t.Fatalf("slot %d: %v", i, err)
+		}
+		bi := b.Info()
+		if bi.State != buffer.Registered || bi.Size != 64<<10 || bi.Length != 64<<10 || bi.Pool == nil || bi.Pool.Index != i ||
+			bi.RKey != in.Regions[0].RKey || bi.Addr != in.Regions[0].Addr+uintptr(i*64<<10) {
+			t.Fatalf("slot %d: info %+v, pool region %+v", i, bi, in.Regions[0])
+		}
+		bufs = append(bufs, b)
+	}
+	if mrs, _ := e.dev.counts(); mrs != 1 {
+		t.Fatalf("8 pool files hold %d regions, want the chunk's 1", mrs)
+	}
+	_, err := e.m.Create(e.d, 0, 0)
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "pool") {
+		t.Fatalf("a ninth file in a pool of 8: %v, want ENOSPC naming the pool", err)
+	}
+	if got := p.Info().Used; got != 8 {
+		t.Fatalf("used %d, want 8", got)
+	}
+	// A freed slot is given again, zeroed.
+	if _, err := bufs[3].WriteAt([]byte("secret"), 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := bufs[3].Free(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.m.Create(e.d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Info().Pool.Index != 3 {
+		t.Fatalf("the freed slot 3 was not given again: %+v", b.Info().Pool)
+	}
+	got := make([]byte, 64<<10)
+	if n, err := b.ReadAt(got, 0); err != nil || n != len(got) || !bytes.Equal(got, make([]byte, len(got))) {
+		t.Fatalf("a reused slot reads %d bytes (%v), not all zero: no byte of one file may reach the next", n, err)
+	}
+}
+
+// The rules of a pool file: its size is the slot's; writes stop at its
+// end; its access is the pool's; it cannot move; O_TRUNC zeroes it.
+func TestPoolFileRules(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	newPool(t, e, 16<<10, 2)
+	b, err := e.m.Create(e.d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Resize(ctx, 16<<10); err != nil {
+		t.Errorf("truncate to the slot size: %v", err)
+	}
+	for _, size := range []uint64{0, 4096, 32 << 10} {
+		if err := b.Resize(ctx, size); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("truncate a pool file to %d: %v, want EINVAL", size, err)
+		}
+	}
+	if n, err := b.WriteAt(make([]byte, 8192), 12<<10); n != 4096 || err != nil {
+		t.Errorf("a write across the slot's end wrote %d (%v), want the 4096 that fit", n, err)
+	}
+	if _, err := b.WriteAt([]byte{1}, 16<<10); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("a write at the slot's end: %v, want EFBIG", err)
+	}
+	if err := b.Allocate(ctx, 0, 4096, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("punching a hole in a pool file: %v, want EPERM", err)
+	}
+	if err := b.SetAccess(verbs.LocalWrite | verbs.RemoteRead); !errors.Is(err, syscall.EPERM) || !strings.Contains(e.log.String(), "default_access") {
+		t.Errorf("SetAccess on a pool file: %v, want EPERM pointing at default_access", err)
+	}
+	other, err := e.m.NewDomain(verbs.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Move(other); !errors.Is(err, syscall.EXDEV) {
+		t.Errorf("moving a pool file out: %v, want EXDEV", err)
+	}
+	if _, err := b.WriteAt([]byte("abc"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Clear(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 3)
+	b.ReadAt(got, 0)
+	if in := b.Info(); !bytes.Equal(got, []byte{0, 0, 0}) || in.Size != 16<<10 {
+		t.Errorf("after O_TRUNC: %q, size %d; want zeroes and the slot size", got, in.Size)
+	}
+	sa, err := e.m.Create(other, 4096, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sa.Move(e.d); !errors.Is(err, syscall.EXDEV) {
+		t.Errorf("moving a file into a pool: %v, want EXDEV", err)
+	}
+}
+
+// Setting the pool's default access re-registers its chunks: every file
+// gets the new keys and access at once; the old keys are dead.
+func TestPoolAccess(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	newPool(t, e, 4096, 4)
+	b, err := e.m.Create(e.d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := b.Info()
+	if err := e.d.SetDefaultAccess(verbs.LocalWrite | verbs.RemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	after := b.Info()
+	if after.RKey == before.RKey || after.Access != verbs.LocalWrite|verbs.RemoteWrite || after.Addr != before.Addr {
+		t.Fatalf("after default_access: %+v (before %+v)", after, before)
+	}
+	if mrs, _ := e.dev.counts(); mrs != 1 {
+		t.Fatalf("%d regions after the re-registration, want 1", mrs)
+	}
+}
+
+// A pool is admitted whole, and counted against its owner's quota and
+// the budget: past them, nothing is made.
+func TestPoolAdmission(t *testing.T) {
+	e := setup(t, buffer.Options{MaxPinned: 1 << 20, MaxPinnedPerUser: 512 << 10}, 0)
+	if _, err := e.d.MakePool(64<<10, 16, 0); !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("a pool of 1 MiB past a quota of 512 KiB: %v, want EDQUOT", err)
+	}
+	if mrs, _ := e.dev.counts(); mrs != 0 {
+		t.Fatalf("a refused pool left %d regions", mrs)
+	}
+	p := newPool(t, e, 64<<10, 4)
+	if err := p.SetSlots(8); err != nil {
+		t.Fatalf("raising the slots to 8: %v", err)
+	}
+	if in := p.Info(); in.Slots != 8 || in.Chunks != 2 {
+		t.Fatalf("after raising: %+v, want 8 slots in 2 chunks", in)
+	}
+	if s := e.m.Stats(); s.ChargedBytes != 512<<10 || s.Users[0].Charged != 512<<10 || s.RegisteredBytes != 512<<10 {
+		t.Fatalf("a pool of 512 KiB: %+v", s)
+	}
+	other, err := e.m.NewDomain(verbs.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(other, 4096, 0); !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("a buffer past the quota the pool fills: %v, want EDQUOT", err)
+	}
+	if err := p.SetSlots(9); !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("raising past the quota: %v, want EDQUOT", err)
+	}
+	if err := p.SetSlots(6); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("lowering to 6 (chunks end at 4 and 8): %v, want EINVAL", err)
+	}
+	b, err := e.m.Create(e.d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if _, err := e.m.Create(e.d, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.SetSlots(4); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("lowering while slot 4 is used: %v, want EBUSY", err)
+	}
+	_ = b
+	if in := p.Info(); in.Used != 5 {
+		t.Fatalf("used %d, want 5", in.Used)
+	}
+}
+
+// Lowering the slots frees the last chunk: its region, mappings and
+// charge go.
+func TestPoolShrink(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	p := newPool(t, e, 64<<10, 4)
+	if err := p.SetSlots(8); err != nil {
+		t.Fatal(err)
+	}
+	maps := e.m.Stats().Maps
+	if err := p.SetSlots(4); err != nil {
+		t.Fatalf("lowering to 4 with the second chunk free: %v", err)
+	}
+	s := e.m.Stats()
+	if mrs, _ := e.dev.counts(); mrs != 1 || s.ChargedBytes != 256<<10 || s.RegisteredBytes != 256<<10 || s.Maps != maps-4 {
+		t.Fatalf("after lowering: %d regions, %+v (maps before %d)", mrs, s, maps)
+	}
+}

@@ -1,0 +1,272 @@
+package tests
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const xPool = "user.mrfs.pool"
+
+// makePool runs `mrfs pool DIR --slot SIZE --slots N` and returns DIR.
+func makePool(t *testing.T, d *daemon, name, slot string, slots int, extra ...string) string {
+	t.Helper()
+	dir := d.path(name)
+	args := append([]string{"pool", dir, "--slot", slot, "--slots", strconv.Itoa(slots)}, extra...)
+	out := mustRun(t, mrfsBin, args...)
+	if !strings.Contains(out, "slot="+slot+",slots="+strconv.Itoa(slots)+",used=0") {
+		t.Fatalf("mrfs pool printed %q", out)
+	}
+	return dir
+}
+
+// A pool's files through the mount: each takes a slot of the chunk's one
+// registration (its keys, its own address), has the slot's size, and
+// the shell's ways of writing a file work on it; each rule of DESIGN
+// "Pools" holds with the errno it names.
+func TestPoolLifecycle(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	const slot = 64 << 10
+	p := makePool(t, d, "pool", "64KiB", 8)
+	if got := mustXattr(t, p, xPool); got != "slot=64KiB,slots=8,used=0,chunks=1" {
+		t.Fatalf("%s = %q", xPool, got)
+	}
+	var addrs []uint64
+	var rkey uint32
+	for i := range 3 {
+		f := filepath.Join(p, fmt.Sprint("f", i))
+		if err := os.WriteFile(f, []byte("hello"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		requireRegistered(t, f, slot)
+		a, k := keysOf(t, f)
+		if i > 0 && (k != rkey || a != addrs[i-1]+slot) {
+			t.Errorf("pool file %d: addr %#x rkey %#x; want the chunk's rkey %#x at the next slot %#x", i, a, k, rkey, addrs[i-1]+slot)
+		}
+		addrs, rkey = append(addrs, a), k
+		var desc struct {
+			Regions []struct{ Length string }
+			Pool    *struct {
+				Dir      string
+				Slot     int
+				SlotSize string `json:"slot_size"`
+			}
+		}
+		if err := json.Unmarshal([]byte(mustXattr(t, f, xDesc)), &desc); err != nil {
+			t.Fatal(err)
+		}
+		if desc.Pool == nil || desc.Pool.Dir != "/pool" || desc.Pool.Slot != i || desc.Pool.SlotSize != strconv.Itoa(slot) ||
+			len(desc.Regions) != 1 || desc.Regions[0].Length != strconv.Itoa(8*slot) {
+			t.Errorf("desc of pool file %d: %+v (pool %+v)", i, desc, desc.Pool)
+		}
+	}
+	if got := mustXattr(t, p, xPool); got != "slot=64KiB,slots=8,used=3,chunks=1" {
+		t.Errorf("%s with 3 files = %q", xPool, got)
+	}
+	f0 := filepath.Join(p, "f0")
+	got, err := os.ReadFile(f0)
+	if err != nil || len(got) != slot || string(got[:5]) != "hello" || !bytes.Equal(got[5:], make([]byte, slot-5)) {
+		t.Errorf("read %s: %d bytes (%v), want hello then zeroes to %d", f0, len(got), err, slot)
+	}
+	// echo >, cp, dd: O_TRUNC zeroes the slot, the size stays.
+	mustRun(t, "bash", "-c", "echo hi > "+f0)
+	got, _ = os.ReadFile(f0)
+	if len(got) != slot || string(got[:3]) != "hi\n" || got[3] != 0 || got[4] != 0 {
+		t.Errorf("after echo hi >: %d bytes, %q", len(got), got[:6])
+	}
+	mustRun(t, "cp", "/etc/hostname", filepath.Join(p, "f1"))
+	mustRun(t, "dd", "if=/dev/zero", "of="+filepath.Join(p, "f2"), "bs=4k", "count=16", "conv=notrunc", "status=none")
+	// The size is the slot's, always.
+	wantErrno(t, os.Truncate(f0, 0), unix.EINVAL, "truncate a pool file to 0")
+	wantErrno(t, os.Truncate(f0, 2*slot), unix.EINVAL, "truncate a pool file past its slot")
+	if err := os.Truncate(f0, slot); err != nil {
+		t.Errorf("truncate a pool file to its own size: %v", err)
+	}
+	// A write past the slot's end fails at that call.
+	fh, err := os.OpenFile(f0, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.WriteAt([]byte("x"), slot); !errors.Is(err, unix.EFBIG) && !errors.Is(err, unix.EPERM) {
+		t.Errorf("a write at the slot's end: %v, want EFBIG or EPERM", err)
+	}
+	wantErrno(t, unix.Fallocate(int(fh.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096), unix.EPERM, "punch a hole in a pool file")
+	fh.Close()
+	if fi, _ := os.Stat(f0); fi.Size() != slot {
+		t.Errorf("after the refused writes the file is %d bytes, want %d", fi.Size(), slot)
+	}
+	// Access is the pool's; setting it names default_access.
+	err = setxattr(f0, xAccess, "local_write,remote_read")
+	wantErrno(t, err, unix.EPERM, "set access on a pool file")
+	if _, ok := d.waitLog(regexp.MustCompile(`pool file.*user.mrfs.default_access`), 5*time.Second); !ok {
+		t.Errorf("the log does not say to set the pool's default_access:\n%s", tail(d.stderr.String(), 20))
+	}
+	mustSetxattr(t, p, xDefAcc, "local_write,remote_read")
+	if _, k := keysOf(t, f0); k == rkey || mustXattr(t, f0, xAccess) != "local_write,remote_read" {
+		t.Errorf("after the pool's default_access: rkey %#x (was %#x), access %q", k, rkey, mustXattr(t, f0, xAccess))
+	}
+	// No directories in a pool; nothing moves into or out of one.
+	wantErrno(t, os.Mkdir(filepath.Join(p, "sub"), 0o755), unix.EPERM, "mkdir in a pool")
+	wantErrno(t, os.Rename(f0, d.path("out")), unix.EXDEV, "rename out of a pool")
+	if err := os.WriteFile(d.path("in"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, os.Rename(d.path("in"), filepath.Join(p, "in")), unix.EXDEV, "rename into a pool")
+	if err := os.Rename(f0, filepath.Join(p, "g0")); err != nil {
+		t.Errorf("rename within a pool: %v", err)
+	}
+	wantErrno(t, os.Remove(p), unix.ENOTEMPTY, "rmdir of a pool with files")
+	// A full pool is ENOSPC, and says which.
+	for i := 3; i < 8; i++ {
+		if err := os.WriteFile(filepath.Join(p, fmt.Sprint("f", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = os.Create(filepath.Join(p, "f8"))
+	wantErrno(t, err, unix.ENOSPC, "a ninth file in a pool of 8")
+	if _, ok := d.waitLog(regexp.MustCompile(`all its 8 slots`), 5*time.Second); !ok {
+		t.Errorf("the log does not name the full pool:\n%s", tail(d.stderr.String(), 20))
+	}
+	// More slots: a chunk more; fewer: EBUSY while its slots are used.
+	mustSetxattr(t, p, xPool, "slots=12")
+	if got := mustXattr(t, p, xPool); got != "slot=64KiB,slots=12,used=8,chunks=2" {
+		t.Errorf("after raising: %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(p, "f8"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, setxattr(p, xPool, "slots=8"), unix.EBUSY, "lowering over a used slot")
+	os.Remove(filepath.Join(p, "f8"))
+	mustSetxattr(t, p, xPool, "slots=8")
+	// rm -r deregisters it all.
+	mustRun(t, "rm", "-r", p)
+	if s := readStats(t, d.mnt); s.RegisteredBytes != 1 || s.Buffers != 1 {
+		t.Errorf("after rm -r of the pool: %+v, want only the file outside it", s)
+	}
+}
+
+// Unlink gives the slot back zeroed; a slot still open is not given
+// until its last close, and its writer's bytes never reach the next file.
+func TestPoolZeroingOnReuse(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	const slot = 16 << 10
+	p := makePool(t, d, "pool", "16KiB", 1)
+	f := filepath.Join(p, "a")
+	secret := bytes.Repeat([]byte("secret!"), 1000)
+	if err := os.WriteFile(f, secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fh, err := os.OpenFile(f, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(fh.Fd()), 0, slot, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(f); err != nil {
+		t.Fatal(err)
+	}
+	// Still mapped and open: the pool of one slot is full.
+	_, err = os.Create(filepath.Join(p, "b"))
+	wantErrno(t, err, unix.ENOSPC, "a file while the only slot is held open")
+	copy(m, "written after the unlink")
+	unix.Munmap(m)
+	fh.Close()
+	// The kernel sends the RELEASE after close returns.
+	deadline := time.Now().Add(10 * time.Second * slowFactor())
+	for {
+		if err = os.WriteFile(filepath.Join(p, "b"), nil, 0o600); err == nil {
+			break
+		}
+		if !errors.Is(err, unix.ENOSPC) || time.Now().After(deadline) {
+			t.Fatalf("a file after the last close of the unlinked one: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got, err := os.ReadFile(filepath.Join(p, "b"))
+	if err != nil || len(got) != slot || !bytes.Equal(got, make([]byte, slot)) {
+		t.Fatalf("the next file in the slot: %d bytes (%v), not all zero", len(got), err)
+	}
+}
+
+// A pool file's mapping is the slot's registered pages (the PFN proof),
+// and a write past the slot's end through a zero-copy open lands
+// nowhere: the memfd's seal refuses it at that call.
+func TestPoolZeroCopy(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	const slot = 64 << 10
+	p := makePool(t, d, "pool", "64KiB", 4)
+	for _, name := range []string{"a", "b"} {
+		if err := os.WriteFile(filepath.Join(p, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := filepath.Join(p, "b")
+	fh, err := os.OpenFile(f, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	m, err := unix.Mmap(int(fh.Fd()), 0, slot, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	for i := 0; i < slot; i += pageSize {
+		m[i] = 1
+	}
+	requireSamePages(t, os.Getpid(), sliceAddr(m), d.pid(), uintptr(parseHex(t, mustXattr(t, f, xAddr))), slot/pageSize)
+	if _, err := fh.WriteAt(make([]byte, 3*pageSize), int64(slot-pageSize)); err == nil {
+		if fi, _ := fh.Stat(); fi.Size() != slot {
+			t.Fatalf("a write across the slot's end grew the file to %d", fi.Size())
+		}
+	}
+	_, err = fh.WriteAt([]byte("x"), int64(slot+pageSize))
+	if !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EFBIG) {
+		t.Errorf("a write past the slot's end through a zero-copy open: %v, want EPERM (the seal) or EFBIG", err)
+	}
+	if fi, _ := fh.Stat(); fi.Size() != slot {
+		t.Errorf("the file is %d bytes after writes past its end, want %d", fi.Size(), slot)
+	}
+	wantErrno(t, fh.Truncate(2*slot), unix.EINVAL, "ftruncate of a pool file")
+}
+
+// A pool is admitted whole against the budget and its maker's quota.
+func TestPoolAdmission(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Buffers: "max_pinned = \"4MiB\"\nmax_pinned_per_user = \"2MiB\""})
+	dir := d.path("big")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, setxattr(dir, xPool, "slot=1MiB,slots=3"), unix.EDQUOT, "a pool past the quota")
+	if err := setxattr(dir, xPool, "slot=1MiB,slots=2"); err != nil {
+		t.Fatalf("a pool within the quota: %v", err)
+	}
+	if s := readStats(t, d.mnt); s.ChargedBytes != 2<<20 || s.RegisteredBytes != 2<<20 {
+		t.Errorf("a pool of 2 MiB: %+v", s)
+	}
+	f := d.path("x")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, os.Truncate(f, 4096), unix.EDQUOT, "a buffer past the quota the pool fills")
+	mustRun(t, "rm", "-r", dir)
+	if err := os.Truncate(f, 1<<20); err != nil {
+		t.Errorf("after the pool went, the quota is free again: %v", err)
+	}
+}
