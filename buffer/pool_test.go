@@ -179,6 +179,9 @@ func TestPoolAdmission(t *testing.T) {
 	if s := e.m.Stats(); s.ChargedBytes != 512<<10 || s.Users[0].Charged != 512<<10 || s.RegisteredBytes != 512<<10 {
 		t.Fatalf("a pool of 512 KiB: %+v", s)
 	}
+	if s := e.m.Stats(); s.Store == "tmpfs" && s.StoreSize != 512<<10 {
+		t.Fatalf("the store's bound beside a pool of 512 KiB: %d, want the budget's other 512 KiB", s.StoreSize)
+	}
 	other, err := e.m.NewDomain(verbs.LocalWrite)
 	if err != nil {
 		t.Fatal(err)

@@ -256,3 +256,50 @@ func TestShmemGrain(t *testing.T) {
 		}
 	}
 }
+
+// Reserve lowers the instance's own bound, refuses what its files
+// already hold (ENOSPC), and Unreserve gives the room back; a sealed
+// file never grows or shrinks.
+func TestReserve(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
+	}
+	s, err := NewTmpfs(TmpfsOptions{Size: 4 << 20, Huge: "never"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r := s.(Reserver)
+	f, _ := s.Create(1)
+	if err := f.Allocate(0, 0, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reserve(1 << 20); err != nil {
+		t.Fatalf("reserve 1 MiB of 4 with 2 held: %v", err)
+	}
+	if _, size, _ := s.Usage(); size != 3<<20 {
+		t.Errorf("size after reserving 1 MiB: %d, want 3 MiB", size)
+	}
+	if err := r.Reserve(2 << 20); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("reserving what the files hold: %v, want ENOSPC", err)
+	}
+	if err := f.Allocate(0, 0, 3<<20+4096); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("fallocate past the lowered bound: %v, want ENOSPC", err)
+	}
+	r.Unreserve(1 << 20)
+	if _, size, _ := s.Usage(); size != 4<<20 {
+		t.Errorf("size after giving it back: %d, want 4 MiB", size)
+	}
+
+	fd, err := NewSealed(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 128<<10); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("growing a sealed file: %v, want EPERM", err)
+	}
+	if _, err := unix.Pwrite(fd, []byte{1}, 64<<10); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("writing past a sealed file's end: %v, want EPERM", err)
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -116,6 +117,7 @@ func BenchmarkRatios(b *testing.B) {
 	b.Run("mmap", func(b *testing.B) { withDaemon(b, benchMmap) })
 	b.Run("seq", func(b *testing.B) { withDaemon(b, benchSeqIO) })
 	b.Run("create", func(b *testing.B) { withDaemon(b, benchCreate) })
+	b.Run("pool", func(b *testing.B) { withDaemon(b, benchPool) })
 	printSummary()
 }
 
@@ -568,4 +570,55 @@ func fmtRate(v float64) string {
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	}
 	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+// benchPool: a file's whole life (create, write 4 KiB, close, unlink) in
+// a pool of slots of the size, against the same cycle on a standalone
+// buffer sized to the slot (its ftruncate allocates and registers).
+func benchPool(b *testing.B, d *daemon) {
+	for _, sz := range []struct {
+		name string
+		n    int
+		goal float64
+	}{{"4KiB", 4 << 10, 0}, {"1MiB", 1 << 20, 10}} {
+		b.Run(sz.name, func(b *testing.B) {
+			pool := d.path("pool" + sz.name)
+			if out, err := exec.Command(mrfsBin, "pool", pool, "--slot", sz.name, "--slots", "16").CombinedOutput(); err != nil {
+				b.Fatalf("mrfs pool: %v: %s", err, out)
+			}
+			plain := d.path("plain" + sz.name)
+			if err := os.Mkdir(plain, 0o700); err != nil {
+				b.Fatal(err)
+			}
+			data := make([]byte, 4096)
+			seq := 0
+			cycle := func(dir string, size int) func(*testing.B) {
+				return func(b *testing.B) {
+					for range createBatch {
+						seq++
+						p := dir + "/c" + strconv.Itoa(seq)
+						fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+						if err != nil {
+							b.Fatalf("create %s: %v", p, err)
+						}
+						if size > 0 {
+							if err := unix.Ftruncate(fd, int64(size)); err != nil {
+								b.Fatalf("ftruncate %s: %v", p, err)
+							}
+						}
+						if _, err := unix.Pwrite(fd, data, 0); err != nil {
+							b.Fatalf("write %s: %v", p, err)
+						}
+						unix.Close(fd)
+						if err := unix.Unlink(p); err != nil {
+							b.Fatalf("unlink %s: %v", p, err)
+						}
+					}
+				}
+			}
+			tBase, tOther := alternate(b, cycle(plain, sz.n), cycle(pool, 0))
+			report(b, benchResult{pair: "create+write 4 KiB+unlink, " + sz.name, unit: "ops/s", baseName: "buffer", name: "pool file",
+				goal: goal{minRatio: sz.goal}}, createBatch, tBase, tOther)
+		})
+	}
 }
