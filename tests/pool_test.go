@@ -123,6 +123,10 @@ func TestPoolLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantErrno(t, os.Rename(d.path("in"), filepath.Join(p, "in")), unix.EXDEV, "rename into a pool")
+	if err := os.Mkdir(d.path("dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, os.Rename(d.path("dir"), filepath.Join(p, "dir")), unix.EXDEV, "rename a directory into a pool")
 	if err := os.Rename(f0, filepath.Join(p, "g0")); err != nil {
 		t.Errorf("rename within a pool: %v", err)
 	}

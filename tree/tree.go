@@ -371,9 +371,6 @@ func (d *Dir) Mkdir(name string, owner Owner, mode uint32, prepare func(*Dir)) (
 	if err := checkName(name); err != nil {
 		return nil, fmt.Errorf("mkdir: %w", err)
 	}
-	if d.dom.Pool() != nil {
-		return nil, fmt.Errorf("mkdir %q: a pool holds only files: %w", name, syscall.EPERM)
-	}
 	dom, err := d.t.mgr.NewDomain(d.t.opt.DefaultAccess)
 	if err != nil {
 		return nil, fmt.Errorf("mkdir %q: %w", name, err)
