@@ -617,7 +617,7 @@ func benchPool(b *testing.B, d *daemon) {
 				}
 			}
 			tBase, tOther := alternate(b, cycle(plain, sz.n), cycle(pool, 0))
-			report(b, benchResult{pair: "create+write 4 KiB+unlink, " + sz.name, unit: "ops/s", baseName: "buffer", name: "pool file",
+			report(b, benchResult{pair: "create+write 4 KiB+unlink, " + sz.name, unit: "ops/s", baseName: "buffer", name: "pool",
 				goal: goal{minRatio: sz.goal}}, createBatch, tBase, tOther)
 		})
 	}
