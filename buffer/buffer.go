@@ -167,11 +167,30 @@ func (b *Buffer) abandonLocked() {
 	m.setChargeLocked(b, 0)
 	m.inflight -= b.reserved
 	b.reserved = 0
+	m.forgetLocked(b)
+	m.mu.Unlock()
+}
+
+// forgetLocked takes b, freed or never made, out of the manager's set
+// and counts. Callers hold m.mu.
+func (m *Manager) forgetLocked(b *Buffer) {
 	delete(m.buffers, b)
 	b.dom.nbuf--
 	m.user(b.owner).Buffers--
 	m.unuse(b.owner)
-	m.mu.Unlock()
+}
+
+// freeMemory frees the memory of a freed file that no client has any
+// more: a pool file's slot goes back to its pool, zeroed; any other file
+// is truncated to nothing with truncate.
+func (b *Buffer) freeMemory(truncate func() error) {
+	if b.slot != nil {
+		b.slot.p.give(b.slot.i)
+		return
+	}
+	if err := truncate(); err != nil {
+		b.m.log.Error("freeing the memory of a removed file", "err", err)
+	}
 }
 
 // Info returns a snapshot. After Free it reports the last size with
@@ -817,10 +836,6 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	if b.gone != nil {
 		return 0, 0, fmt.Errorf("free: %w", b.gone)
 	}
-	if b.slot != nil {
-		b.freeSlotLocked(gone)
-		return 0, 0, nil
-	}
 	for _, r := range b.regs {
 		unpinned += pageRound(r.Length())
 	}
@@ -849,9 +864,7 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	}
 	m.mu.Unlock()
 	if !open {
-		if err := b.f.Truncate(0); err != nil {
-			m.log.Error("freeing a buffer's memory", "err", err)
-		}
+		b.freeMemory(func() error { return b.f.Truncate(0) })
 	}
 	b.settleFileLocked() // what a client wrote unseen goes with the rest
 	if err := b.f.Remove(); err != nil {
@@ -859,10 +872,7 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	}
 	b.f, b.reason, b.gone = nil, "", gone
 	m.mu.Lock()
-	delete(m.buffers, b)
-	b.dom.nbuf--
-	m.user(b.owner).Buffers--
-	m.unuse(b.owner)
+	m.forgetLocked(b)
 	m.mu.Unlock()
 	return nregions, unpinned, nil
 }

@@ -158,12 +158,8 @@ func (f *Fd) Close() {
 		}
 		last := b.orphan && b.opens == 0
 		m.mu.Unlock()
-		if last && b.slot != nil {
-			b.slot.p.give(b.slot.i) // zeroed for its next file
-		} else if last {
-			if err := unix.Ftruncate(f.N, 0); err != nil {
-				m.log.Error("freeing the memory of an unlinked file", "err", err)
-			}
+		if last {
+			b.freeMemory(func() error { return unix.Ftruncate(f.N, 0) })
 		}
 		unix.Close(f.N)
 		if last {

@@ -105,29 +105,6 @@ func (b *Buffer) Clear(ctx context.Context) error {
 	return nil
 }
 
-// freeSlotLocked is free for a slot: the slot goes back to its pool,
-// zeroed, now or at the last close of a client that has it open.
-// Callers hold b.mu.
-func (b *Buffer) freeSlotLocked(gone error) {
-	m := b.m
-	m.mu.Lock()
-	open := b.opens > 0
-	if open {
-		m.orphanLocked(b)
-	}
-	m.mu.Unlock()
-	if !open {
-		b.slot.p.give(b.slot.i)
-	}
-	b.gone = gone
-	m.mu.Lock()
-	delete(m.buffers, b)
-	b.dom.nbuf--
-	m.user(b.owner).Buffers--
-	m.unuse(b.owner)
-	m.mu.Unlock()
-}
-
 // slotFile is a slot as the buffer's store.File: the slot's own sealed
 // memfd, reached through the daemon's mapping of it.
 type slotFile struct{ s *slotRef }

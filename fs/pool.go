@@ -81,8 +81,8 @@ func (n *dirNode) setPool(v string, uid uint32) error {
 		return err
 	}
 	if p := n.dir.Domain().Pool(); p != nil {
-		if s.slot != 0 && store.PageRound(s.slot) != p.Info().Slot {
-			return fmt.Errorf("a pool's slot size (%s) cannot change; make another pool: %w", compactSize(p.Info().Slot), syscall.EINVAL)
+		if have := p.Info().Slot; s.slot != 0 && store.PageRound(s.slot) != have {
+			return fmt.Errorf("a pool's slot size (%s) cannot change; make another pool: %w", compactSize(have), syscall.EINVAL)
 		}
 		return p.SetSlots(s.slots)
 	}

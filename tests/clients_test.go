@@ -184,16 +184,7 @@ func TestZeroCopyPagemap(t *testing.T) {
 	const npages = 16
 	size := npages * pageSize
 	makeBuffer(t, f, int64(size))
-	fh, err := os.OpenFile(f, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	m, err := unix.Mmap(int(fh.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatalf("mmap MAP_SHARED: %v", err)
-	}
-	defer unix.Munmap(m)
+	fh, m := mapShared(t, f, size)
 	for i := 0; i < size; i += pageSize {
 		m[i] = byte(i / pageSize)
 	}
@@ -378,16 +369,7 @@ func TestShrinkWhileMapped(t *testing.T) {
 	if err := os.WriteFile(f, patternBytes(size), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fh, err := os.OpenFile(f, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	m, err := unix.Mmap(int(fh.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(m)
+	_, m := mapShared(t, f, size)
 
 	mustRun(t, "truncate", "-s", "4096", f)
 	requireRegistered(t, f, 4096)

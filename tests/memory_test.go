@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // pagemapEntry returns the PFN of the page holding va in pid's address space
@@ -91,6 +93,24 @@ func procStatusKB(t testing.TB, pid int, key string) int64 {
 }
 
 // sliceAddr is the virtual address of a mapping's first byte.
+// mapShared opens path read-write and maps its first size bytes
+// MAP_SHARED; the mapping and the file go at the test's end (or before,
+// by the test: a second unmap or close does nothing).
+func mapShared(t *testing.T, path string, size int) (*os.File, []byte) {
+	t.Helper()
+	fh, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fh.Close() })
+	m, err := unix.Mmap(int(fh.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap MAP_SHARED %s: %v", path, err)
+	}
+	t.Cleanup(func() { unix.Munmap(m) })
+	return fh, m
+}
+
 func sliceAddr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 
 // memTotal is MemTotal of /proc/meminfo in bytes.

@@ -172,19 +172,12 @@ func TestPoolZeroingOnReuse(t *testing.T) {
 	if err := os.WriteFile(f, secret, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fh, err := os.OpenFile(f, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unix.Mmap(int(fh.Fd()), 0, slot, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fh, m := mapShared(t, f, slot)
 	if err := os.Remove(f); err != nil {
 		t.Fatal(err)
 	}
 	// Still mapped and open: the pool of one slot is full.
-	_, err = os.Create(filepath.Join(p, "b"))
+	_, err := os.Create(filepath.Join(p, "b"))
 	wantErrno(t, err, unix.ENOSPC, "a file while the only slot is held open")
 	copy(m, "written after the unlink")
 	unix.Munmap(m)
@@ -220,16 +213,7 @@ func TestPoolZeroCopy(t *testing.T) {
 		}
 	}
 	f := filepath.Join(p, "b")
-	fh, err := os.OpenFile(f, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	m, err := unix.Mmap(int(fh.Fd()), 0, slot, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(m)
+	fh, m := mapShared(t, f, slot)
 	for i := 0; i < slot; i += pageSize {
 		m[i] = 1
 	}
@@ -239,7 +223,7 @@ func TestPoolZeroCopy(t *testing.T) {
 			t.Fatalf("a write across the slot's end grew the file to %d", fi.Size())
 		}
 	}
-	_, err = fh.WriteAt([]byte("x"), int64(slot+pageSize))
+	_, err := fh.WriteAt([]byte("x"), int64(slot+pageSize))
 	if !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EFBIG) {
 		t.Errorf("a write past the slot's end through a zero-copy open: %v, want EPERM (the seal) or EFBIG", err)
 	}

@@ -317,14 +317,13 @@ func (d *Dir) MakePool(slot uint64, slots int, owner uint32) (*buffer.Pool, erro
 	t := d.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for t.waitLocked(d) {
-	}
-	switch {
-	case d == t.root:
+	if d == t.root {
 		return nil, fmt.Errorf("make a pool: the mount's root cannot be one; make a directory for it: %w", syscall.EPERM)
-	case d.parent == nil:
-		return nil, fmt.Errorf("make a pool: directory removed: %w", syscall.ENOENT)
-	case len(d.entries) > 0:
+	}
+	if err := d.waitAddLocked(); err != nil {
+		return nil, fmt.Errorf("make a pool: %w", err)
+	}
+	if len(d.entries) > 0 {
 		return nil, fmt.Errorf("make a pool: the directory holds %d entries: %w", len(d.entries), syscall.ENOTEMPTY)
 	}
 	done := t.markLocked(d)

@@ -43,22 +43,20 @@ type rootStats struct {
 		Buffers      int    `json:"buffers"`
 		ChargedBytes uint64 `json:"charged_bytes"`
 	} `json:"users"`
-	Pools map[string]struct {
-		Slots  int      `json:"slots"`
-		Used   int      `json:"used"`
-		RKeys  []string `json:"rkeys"`
-		Access string   `json:"access"`
-	} `json:"pools"`
+	Pools map[string]statusPool `json:"pools"`
 }
 
-// poolLine is status's line for the pool directory rel (at path), whose
-// user.mrfs.pool is v: its slots used and free, chunks and keys.
-func poolLine(rel, path, v string, pools map[string]struct {
+// statusPool is the part of a pool's entry in user.mrfs.stats status shows.
+type statusPool struct {
 	Slots  int      `json:"slots"`
 	Used   int      `json:"used"`
 	RKeys  []string `json:"rkeys"`
 	Access string   `json:"access"`
-}) string {
+}
+
+// poolLine is status's line for the pool directory rel (at path), whose
+// user.mrfs.pool is v: its slots used and free, chunks and keys.
+func poolLine(rel, path, v string, pools map[string]statusPool) string {
 	line := fmt.Sprintf("pool %s: %s", rel, v)
 	pd, err := getxattr(path, "user.mrfs.pd")
 	if p, ok := pools[string(pd)]; err == nil && ok {
