@@ -114,3 +114,10 @@ func (m *Manager) SetMapRoom(n int) {
 	c.limit = c.own + c.other + c.reserveMin + n
 	c.since, c.countedAt = 0, now() // no recount in this test
 }
+
+// SetZeroSlot replaces how a pool slot is zeroed; restore puts it back.
+func SetZeroSlot(f func([]byte)) (restore func()) {
+	old := zeroSlot
+	zeroSlot = f
+	return func() { zeroSlot = old }
+}

@@ -26,9 +26,11 @@ import (
 // from the store's own bound (store.Reserver), so that the kernel's bound
 // on the store and the pools together stays the budget.
 //
-// Slots are zeroed when their file is unlinked, or at the last release of
-// a file unlinked while open: no byte of one file is readable through the
-// next one given its slot.
+// A slot is zeroed once its file is unlinked, or at the last release of
+// a file unlinked while open, and only then given again: no byte of one
+// file is readable through the next one given its slot. The zeroing is a
+// worker's (zeroDirty), off the unlink's path; a create that finds no
+// free slot but slots being zeroed waits for them.
 //
 // Lock order: a slot's Buffer.mu, then Pool.mu, then Manager.mu.
 type Pool struct {
@@ -40,13 +42,20 @@ type Pool struct {
 	holder *Buffer // immutable: carries the charge
 
 	mu sync.Mutex
-	// guards: chunks (and every chunk's regs), free, used, access,
-	// closed.
+	// guards: chunks (and every chunk's regs), free, dirty, used,
+	// zeroing, worker, access, closed.
 	chunks []*chunk
-	free   []int // free slot numbers; the last is given next
-	used   int
-	access verbs.Access
-	closed bool
+	free   []int // free slot numbers, zeroed; the last is given next
+	dirty  []int // slots given back and not zeroed yet
+	used   int   // slots held by files
+	// zeroing: slots being zeroed now, without mu (their chunks stay
+	// until it is 0); worker: zeroDirty runs. done is signalled (on mu)
+	// whenever a slot was zeroed or the worker stops.
+	zeroing int
+	worker  bool
+	done    *sync.Cond
+	access  verbs.Access
+	closed  bool
 }
 
 // chunk is slots [first, first+n) of a pool: one reservation, one region.
@@ -111,6 +120,7 @@ func (d *Domain) MakePool(slot uint64, slots int, owner uint32) (*Pool, error) {
 	}
 	p := &Pool{m: m, d: d, slot: slot, per: int(min(m.attr.MaxMRSize/slot, 1<<30)), owner: owner,
 		holder: &Buffer{m: m, dom: d, owner: owner}}
+	p.done = sync.NewCond(&p.mu)
 	m.mu.Lock()
 	err := d.openLocked()
 	switch {
@@ -192,8 +202,11 @@ func (p *Pool) SetSlots(n int) error {
 		return fmt.Errorf("pool of %d slots: chunks end at slot %d, not %d; a pool shrinks by whole chunks: %w",
 			have, p.chunks[k-1].first+p.chunks[k-1].n, n, syscall.EINVAL)
 	}
-	free := make(map[int]bool, len(p.free))
-	for _, i := range p.free {
+	for p.zeroing > 0 {
+		p.done.Wait() // its chunk may be one to free
+	}
+	free := make(map[int]bool, len(p.free)+len(p.dirty))
+	for _, i := range slices.Concat(p.free, p.dirty) {
 		free[i] = true
 	}
 	for i := n; i < have; i++ {
@@ -201,7 +214,8 @@ func (p *Pool) SetSlots(n int) error {
 			return fmt.Errorf("pool: slot %d is in use (or held open): %w", i, syscall.EBUSY)
 		}
 	}
-	p.free = slices.DeleteFunc(p.free, func(i int) bool { return i >= n })
+	past := func(i int) bool { return i >= n }
+	p.free, p.dirty = slices.DeleteFunc(p.free, past), slices.DeleteFunc(p.dirty, past)
 	for len(p.chunks) > k {
 		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
 			return err
@@ -346,13 +360,16 @@ func (p *Pool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
+	for p.zeroing > 0 {
+		p.done.Wait()
+	}
 	for len(p.chunks) > 0 {
 		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
 			return err
 		}
 		p.chunks = p.chunks[:len(p.chunks)-1]
 	}
-	p.free = nil
+	p.free, p.dirty = nil, nil
 	return nil
 }
 
@@ -389,34 +406,68 @@ func (p *Pool) setAccess(a verbs.Access) error {
 	return nil
 }
 
-// take gives a free slot: ENOSPC naming the pool when none is.
+// take gives a free slot, waiting for one being zeroed if that is all
+// there is: ENOSPC naming the pool when every slot is held by a file.
 func (p *Pool) take() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return 0, fmt.Errorf("pool: %w", syscall.ENOENT)
-	}
-	if len(p.free) == 0 {
+	for {
+		switch {
+		case p.closed:
+			return 0, fmt.Errorf("pool: %w", syscall.ENOENT)
+		case len(p.free) > 0:
+			i := p.free[len(p.free)-1]
+			p.free = p.free[:len(p.free)-1]
+			p.used++
+			return i, nil
+		case len(p.dirty) > 0 || p.zeroing > 0:
+			p.done.Wait()
+			continue
+		}
 		m := p.m
 		return 0, m.refuse(limitPoolFull, syscall.ENOSPC, fmt.Sprintf("pool of pd %d is full (%d slots)", p.d.handle, p.slotsLocked()),
 			fmt.Sprintf("cannot create a file in the pool of pd %d: all its %d slots of %s are taken; remove files or raise its slots", p.d.handle, p.slotsLocked(), bytesize.Format(p.slot)))
 	}
-	i := p.free[len(p.free)-1]
-	p.free = p.free[:len(p.free)-1]
-	p.used++
-	return i, nil
 }
 
-// give zeroes slot i and makes it free again.
+// give takes slot i back from its file; it is free once zeroed.
 func (p *Pool) give(i int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.used--
 	if p.closed {
 		return
 	}
-	clear(p.bytesLocked(i))
-	p.free = append(p.free, i)
-	p.used--
+	p.dirty = append(p.dirty, i)
+	if !p.worker {
+		p.worker = true
+		go p.zeroDirty()
+	}
+}
+
+// zeroSlot zeroes a slot's memory; a variable so that tests can hold a
+// zeroing under way.
+var zeroSlot = func(mem []byte) { clear(mem) }
+
+// zeroDirty zeroes the slots given back, one at a time without mu, and
+// makes them free; it stops when none is left or the pool closes.
+func (p *Pool) zeroDirty() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.dirty) > 0 && !p.closed {
+		i := p.dirty[len(p.dirty)-1]
+		p.dirty = p.dirty[:len(p.dirty)-1]
+		mem := p.bytesLocked(i)
+		p.zeroing++
+		p.mu.Unlock()
+		zeroSlot(mem)
+		p.mu.Lock()
+		p.zeroing--
+		p.free = append(p.free, i)
+		p.done.Broadcast()
+	}
+	p.worker = false
+	p.done.Broadcast()
 }
 
 // addrLocked is slot i's address, and its chunk. Callers hold p.mu.

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -228,5 +230,117 @@ func TestPoolShrink(t *testing.T) {
 	s := e.m.Stats()
 	if mrs, _ := e.dev.counts(); mrs != 1 || s.ChargedBytes != 256<<10 || s.RegisteredBytes != 256<<10 || s.Maps != maps-4 {
 		t.Fatalf("after lowering: %d regions, %+v (maps before %d)", mrs, s, maps)
+	}
+}
+
+// A create that finds every free slot still being zeroed waits for one
+// rather than calling the pool full; what it gets is zeroed.
+func TestPoolWaitsForZeroing(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	const slot = 32 << 20
+	newPool(t, e, slot, 1)
+	b, err := e.m.Create(e.d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WriteAt(bytes.Repeat([]byte{7}, slot), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	b, err = e.m.Create(e.d, 0, 0) // at once: the 32 MiB are still being zeroed
+	if err != nil {
+		t.Fatalf("a create while the only slot is being zeroed: %v, want it to wait", err)
+	}
+	got := make([]byte, slot)
+	b.ReadAt(got, 0)
+	if !bytes.Equal(got, make([]byte, slot)) {
+		t.Fatal("the slot was given before it was zeroed")
+	}
+}
+
+// Lowering the slots while a slot of the last chunk is being zeroed
+// waits for the zeroing before that chunk is unmapped.
+func TestPoolShrinkWhileZeroing(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	p := newPool(t, e, 64<<10, 1)
+	if err := p.SetSlots(2); err != nil {
+		t.Fatal(err)
+	}
+	var last *buffer.Buffer // the file of slot 1, in the second chunk
+	for range 2 {
+		b, err := e.m.Create(e.d, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Info().Pool.Index == 1 {
+			last = b
+		}
+	}
+	started, let := holdZeroing(t)
+	if err := last.Free(); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	done := make(chan error, 1)
+	go func() { done <- p.SetSlots(1) }()
+	select {
+	case err := <-done:
+		t.Fatalf("lowering to 1 returned (%v) while slot 1 was being zeroed", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	let()
+	if err := <-done; err != nil {
+		t.Fatalf("lowering to 1 once slot 1 is zeroed: %v", err)
+	}
+	if in := p.Info(); in.Slots != 1 || in.Chunks != 1 || in.Used != 1 {
+		t.Fatalf("after lowering: %+v", in)
+	}
+}
+
+// holdZeroing makes the next slot zeroing wait, once started, until let
+// is called (at the latest at the test's end, before the manager closes,
+// which waits for it).
+func holdZeroing(t *testing.T) (started <-chan struct{}, let func()) {
+	start, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	let = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	t.Cleanup(buffer.SetZeroSlot(func(mem []byte) {
+		close(start)
+		<-release
+		clear(mem)
+	}))
+	return start, let
+}
+
+// Removing a pool while a slot is being zeroed waits for the zeroing
+// before its chunks are unmapped.
+func TestPoolCloseWhileZeroing(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	newPool(t, e, 64<<10, 2)
+	b, err := e.m.Create(e.d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, let := holdZeroing(t)
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	done := make(chan error, 1)
+	go func() { done <- e.d.Close() }()
+	select {
+	case err := <-done:
+		t.Fatalf("removing the pool returned (%v) while a slot was being zeroed", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	let()
+	if err := <-done; err != nil {
+		t.Fatalf("removing the pool: %v", err)
+	}
+	if mrs, _ := e.dev.counts(); mrs != 0 {
+		t.Fatalf("%d regions after the pool went", mrs)
 	}
 }

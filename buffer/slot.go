@@ -90,6 +90,9 @@ func (s *slotRef) errSize(size uint64) error {
 		bytesize.Format(s.p.slot), bytesize.Format(size), syscall.EINVAL)
 }
 
+// InPool says whether b is a pool file's.
+func (b *Buffer) InPool() bool { return b.slot != nil }
+
 // Clear is what O_TRUNC does to the file: a pool file's slot is zeroed
 // (its size stays the slot size), any other file is resized to 0.
 func (b *Buffer) Clear(ctx context.Context) error {

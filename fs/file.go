@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"syscall"
+	"time"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -45,6 +46,20 @@ func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse
 	}
 	n.fillAttr(&out.Attr)
 	n.fillOrphanSize(f, &out.Attr)
+	out.SetTimeout(n.attrTimeout())
+	return 0
+}
+
+// attrTimeout is how long the kernel may trust the file's attributes.
+// A file's size can change through a zero-copy open without the kernel
+// hearing of it, and stat must show it: 0. A pool file's cannot (its
+// slot is sealed), so its attributes change only through this mount's
+// own requests, as a directory's do; trusting them saves a GETATTR at
+// its first write.
+func (n *bufferNode) attrTimeout() time.Duration {
+	if n.buf.InPool() {
+		return dirAttrTimeout
+	}
 	return 0
 }
 
@@ -114,10 +129,9 @@ func (n *bufferNode) fillAttr(out *fuse.Attr) {
 
 func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
 	n.fillAttr(&out.Attr)
-	// The attribute timeout stays 0 so stat always shows the file's
-	// current size; the name may be cached (entryTimeout).
-	out.SetAttrTimeout(0)
-	out.SetEntryTimeout(entryTimeout)
+	out.SetAttrTimeout(n.attrTimeout())
+	out.SetEntryTimeout(entryTimeout) // the name may be cached
+
 }
 
 func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -138,6 +152,7 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 	}
 	n.fillAttr(&out.Attr)
 	n.fillOrphanSize(f, &out.Attr)
+	out.SetTimeout(n.attrTimeout())
 	// The kernel takes the inode number of every reply, and go-fuse fills
 	// it only in GETATTR's: without it stat shows 0 until the next one.
 	out.Ino = n.StableAttr().Ino

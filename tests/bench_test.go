@@ -581,42 +581,19 @@ func benchPool(b *testing.B, d *daemon) {
 		n    int
 		goal float64
 	}{{"4KiB", 4 << 10, 0}, {"1MiB", 1 << 20, 10}} {
+		pool, plain := d.path("pool"+sz.name), d.path("plain"+sz.name)
+		if out, err := exec.Command(mrfsBin, "pool", pool, "--slot", sz.name, "--slots", "16").CombinedOutput(); err != nil {
+			b.Fatalf("mrfs pool: %v: %s", err, out)
+		}
+		if err := os.Mkdir(plain, 0o700); err != nil {
+			b.Fatal(err)
+		}
 		b.Run(sz.name, func(b *testing.B) {
-			pool := d.path("pool" + sz.name)
-			if out, err := exec.Command(mrfsBin, "pool", pool, "--slot", sz.name, "--slots", "16").CombinedOutput(); err != nil {
-				b.Fatalf("mrfs pool: %v: %s", err, out)
-			}
-			plain := d.path("plain" + sz.name)
-			if err := os.Mkdir(plain, 0o700); err != nil {
-				b.Fatal(err)
-			}
 			data := make([]byte, 4096)
-			seq := 0
-			cycle := func(dir string, size int) func(*testing.B) {
-				return func(b *testing.B) {
-					for range createBatch {
-						seq++
-						p := dir + "/c" + strconv.Itoa(seq)
-						fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
-						if err != nil {
-							b.Fatalf("create %s: %v", p, err)
-						}
-						if size > 0 {
-							if err := unix.Ftruncate(fd, int64(size)); err != nil {
-								b.Fatalf("ftruncate %s: %v", p, err)
-							}
-						}
-						if _, err := unix.Pwrite(fd, data, 0); err != nil {
-							b.Fatalf("write %s: %v", p, err)
-						}
-						unix.Close(fd)
-						if err := unix.Unlink(p); err != nil {
-							b.Fatalf("unlink %s: %v", p, err)
-						}
-					}
-				}
-			}
-			tBase, tOther := alternate(b, cycle(plain, sz.n), cycle(pool, 0))
+			var sb, sp int
+			buffer := func(b *testing.B) { cycles(b, plain, createBatch, int64(sz.n), data, &sb) }
+			pooled := func(b *testing.B) { cycles(b, pool, createBatch, 0, data, &sp) }
+			tBase, tOther := alternate(b, buffer, pooled)
 			report(b, benchResult{pair: "create+write 4 KiB+unlink, " + sz.name, unit: "ops/s", baseName: "buffer", name: "pool",
 				goal: goal{minRatio: sz.goal}}, createBatch, tBase, tOther)
 		})
