@@ -182,10 +182,11 @@ func (m *Manager) forgetLocked(b *Buffer) {
 
 // freeMemory frees the memory of a freed file that no client has any
 // more: a pool file's slot goes back to its pool, zeroed; any other file
-// is truncated to nothing with truncate.
-func (b *Buffer) freeMemory(truncate func() error) {
+// is truncated to nothing with truncate. released: at the last close of
+// a file unlinked while open.
+func (b *Buffer) freeMemory(truncate func() error, released bool) {
 	if b.slot != nil {
-		b.slot.p.give(b.slot.i)
+		b.slot.p.give(b.slot.i, released)
 		return
 	}
 	if err := truncate(); err != nil {
@@ -864,7 +865,9 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	}
 	m.mu.Unlock()
 	if !open {
-		b.freeMemory(func() error { return b.f.Truncate(0) })
+		b.freeMemory(func() error { return b.f.Truncate(0) }, false)
+	} else if b.slot != nil {
+		b.slot.p.held.Add(1) // given back at the last close
 	}
 	b.settleFileLocked() // what a client wrote unseen goes with the rest
 	if err := b.f.Remove(); err != nil {

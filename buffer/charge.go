@@ -159,7 +159,7 @@ func (f *Fd) Close() {
 		last := b.orphan && b.opens == 0
 		m.mu.Unlock()
 		if last {
-			b.freeMemory(func() error { return unix.Ftruncate(f.N, 0) })
+			b.freeMemory(func() error { return unix.Ftruncate(f.N, 0) }, true)
 		}
 		unix.Close(f.N)
 		if last {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -54,8 +55,11 @@ type Pool struct {
 	zeroing int
 	worker  bool
 	done    *sync.Cond
-	access  verbs.Access
-	closed  bool
+	// held: slots of files unlinked while open, given back at their last
+	// close (atomic: counted where the manager's lock is held).
+	held   atomic.Int32
+	access verbs.Access
+	closed bool
 }
 
 // chunk is slots [first, first+n) of a pool: one reservation, one region.
@@ -407,10 +411,14 @@ func (p *Pool) setAccess(a verbs.Access) error {
 }
 
 // take gives a free slot, waiting for one being zeroed if that is all
-// there is: ENOSPC naming the pool when every slot is held by a file.
+// there is, and briefly (releaseWait) for files unlinked while open to
+// be closed: the kernel sends FUSE's RELEASE after a client's close
+// returns, so `rm` followed at once by a create can find the removed
+// file's slot still held. ENOSPC naming the pool when every slot is held.
 func (p *Pool) take() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var deadline time.Time
 	for {
 		switch {
 		case p.closed:
@@ -423,17 +431,37 @@ func (p *Pool) take() (int, error) {
 		case len(p.dirty) > 0 || p.zeroing > 0:
 			p.done.Wait()
 			continue
+		case p.held.Load() > 0 && deadline.IsZero():
+			deadline = time.Now().Add(releaseWait)
+			t := time.AfterFunc(releaseWait, func() {
+				p.mu.Lock()
+				p.done.Broadcast()
+				p.mu.Unlock()
+			})
+			defer t.Stop()
+			fallthrough
+		case p.held.Load() > 0 && time.Now().Before(deadline):
+			p.done.Wait()
+			continue
+		}
+		open := ""
+		if n := p.held.Load(); n > 0 {
+			open = fmt.Sprintf(" (%d of them by files unlinked, still open)", n)
 		}
 		m := p.m
 		return 0, m.refuse(limitPoolFull, syscall.ENOSPC, fmt.Sprintf("pool of pd %d is full (%d slots)", p.d.handle, p.slotsLocked()),
-			fmt.Sprintf("cannot create a file in the pool of pd %d: all its %d slots of %s are taken; remove files or raise its slots", p.d.handle, p.slotsLocked(), bytesize.Format(p.slot)))
+			fmt.Sprintf("cannot create a file in the pool of pd %d: all its %d slots of %s are taken%s; remove files or raise its slots", p.d.handle, p.slotsLocked(), bytesize.Format(p.slot), open))
 	}
 }
 
-// give takes slot i back from its file; it is free once zeroed.
-func (p *Pool) give(i int) {
+// give takes slot i back from its file (released: at the last close of
+// a file unlinked while open); it is free once zeroed.
+func (p *Pool) give(i int, released bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if released {
+		p.held.Add(-1)
+	}
 	p.used--
 	if p.closed {
 		return

@@ -344,3 +344,31 @@ func TestPoolCloseWhileZeroing(t *testing.T) {
 		t.Fatalf("%d regions after the pool went", mrs)
 	}
 }
+
+// A create in a pool whose only slot is held by a file unlinked while
+// open waits a little for its last close (the kernel's RELEASE comes
+// after the client's close returns) rather than calling the pool full.
+func TestPoolWaitsForRelease(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	newPool(t, e, 4096, 1)
+	b, err := e.m.Create(e.d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := b.Open(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(50*time.Millisecond, fd.Close)
+	if _, err := e.m.Create(e.d, 0, 0); err != nil {
+		t.Fatalf("a create while the only slot's unlinked file is being closed: %v, want it to wait", err)
+	}
+	// Held open past the wait: the pool is full, and says why.
+	fd2, err := e.m.Create(e.d, 0, 0)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("a second file in a pool of one: %v (%v), want ENOSPC", err, fd2)
+	}
+}

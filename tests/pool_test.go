@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -256,5 +257,164 @@ func TestPoolAdmission(t *testing.T) {
 	mustRun(t, "rm", "-r", dir)
 	if err := os.Truncate(f, 1<<20); err != nil {
 		t.Errorf("after the pool went, the quota is free again: %v", err)
+	}
+}
+
+// poolWorker is what each user runs against its pool in
+// TestPoolsSharedMount: files created, checked to read as zeroes (no
+// byte of a slot's last file), filled with the user's mark, closed and
+// removed, as fast as it can; every refusal is printed and fails it.
+const poolWorker = `
+import os, sys
+pool, mark, n = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+for i in range(n):
+    p = os.path.join(pool, "w%d-%d" % (os.getpid(), i))
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o600)
+    data = os.pread(fd, os.fstat(fd).st_size, 0)
+    if data.strip(b"\0"):
+        sys.exit("LEAK: a new file read %r" % data.strip(b"\0")[:16])
+    os.pwrite(fd, mark * 4096, 0)
+    os.close(fd)
+    os.unlink(p)
+`
+
+// poolHostile is a user trying the pool rules against its own pool and
+// another's: every attempt must fail with the errno named, and nothing it
+// does may change what anyone is charged.
+const poolHostile = `
+import ctypes, errno, os, sys
+own, other = sys.argv[1], sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+def punch(fd):
+    if libc.fallocate(fd, 3, ctypes.c_long(0), ctypes.c_long(4096)) != 0:  # PUNCH_HOLE|KEEP_SIZE
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+def refused(what, want, f):
+    try:
+        f()
+    except OSError as e:
+        if e.errno not in want:
+            sys.exit("%s: %s, want %s" % (what, e, [errno.errorcode[w] for w in want]))
+        return
+    sys.exit("%s: allowed" % what)
+p = os.path.join(own, "h")
+fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o600)
+end = os.fstat(fd).st_size
+for _ in range(100):
+    refused("grow its pool past its quota", {errno.EDQUOT}, lambda: os.setxattr(own, "user.mrfs.pool", b"slots=16"))
+    refused("punch a hole in a pool file", {errno.EPERM}, lambda: punch(fd))
+    refused("truncate a pool file", {errno.EINVAL}, lambda: os.ftruncate(fd, 1))
+    refused("write past the slot", {errno.EPERM, errno.EFBIG}, lambda: os.pwrite(fd, b"x", end + 4096))
+    refused("set a pool file's access", {errno.EPERM}, lambda: os.setxattr(p, "user.mrfs.access", b"local_write,remote_write"))
+    refused("create in another's pool", {errno.EACCES}, lambda: os.open(os.path.join(other, "x"), os.O_CREAT | os.O_RDWR, 0o600))
+    refused("resize another's pool", {errno.EACCES}, lambda: os.setxattr(other, "user.mrfs.pool", b"slots=1"))
+os.close(fd)
+os.unlink(p)
+`
+
+// Pools on a shared mount: each user's pool is charged to it, within its
+// quota and the budget, and holds against the others. Two users churn
+// files in their own pools from two processes each while a third,
+// hostile, tries every rule against its pool and theirs; meanwhile what
+// each is charged never moves from its pools' size, nothing passes the
+// budget, no new file reads a byte of an old one, and after rm -r
+// nothing is left.
+func TestPoolsSharedMount(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Buffers: "max_pinned = \"8MiB\"\nmax_pinned_per_user = \"3MiB\"", Mount: "allow_other = true\numask = \"022\""})
+	shared := d.path("shared")
+	if err := os.Mkdir(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	for p := filepath.Dir(d.mnt); p != filepath.Dir(p) && strings.HasPrefix(p, os.TempDir()+"/"); p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as := func(uid int, script string, args ...string) *exec.Cmd {
+		return exec.Command("setpriv", append([]string{fmt.Sprintf("--reuid=%d", uid), fmt.Sprintf("--regid=%d", uid), "--clear-groups", "/usr/bin/python3", "-c", script}, args...)...)
+	}
+	mkpool := func(uid int, name, spec string) (string, error) {
+		dir := filepath.Join(shared, name)
+		out, err := as(uid, "import os, sys; os.mkdir(sys.argv[1], 0o755); os.setxattr(sys.argv[1], 'user.mrfs.pool', sys.argv[2].encode())", dir, spec).CombinedOutput()
+		if err != nil {
+			return dir, fmt.Errorf("%v: %s", err, out)
+		}
+		return dir, nil
+	}
+	if _, err := mkpool(2003, "toobig", "slot=1MiB,slots=4"); err == nil || !strings.Contains(err.Error(), "Disk quota exceeded") {
+		t.Fatalf("uid 2003's pool of 4 MiB past its 3 MiB: %v, want EDQUOT", err)
+	}
+	const slot = 256 << 10
+	pools := map[int]string{}
+	for _, uid := range []int{2001, 2002, 2003} {
+		dir, err := mkpool(uid, fmt.Sprint("p", uid), "slot=256KiB,slots=8")
+		if err != nil {
+			t.Fatalf("uid %d's pool of 2 MiB: %v", uid, err)
+		}
+		pools[uid] = dir
+	}
+	if _, err := mkpool(0, "root", "slot=1MiB,slots=3"); err == nil || !strings.Contains(err.Error(), "No space left") {
+		t.Fatalf("root's pool of 3 MiB past the budget (6 of 8 MiB held): %v, want ENOSPC", err)
+	}
+	want := int64(3 * 8 * slot)
+	check := func(when string) {
+		s := readStats(t, d.mnt)
+		if s.ChargedBytes != want || s.RegisteredBytes != want {
+			t.Errorf("%s: charged %d, registered %d; want the pools' %d", when, s.ChargedBytes, s.RegisteredBytes, want)
+		}
+		for _, uid := range []string{"2001", "2002", "2003"} {
+			if c := s.Users[uid].ChargedBytes; c != 8*slot {
+				t.Errorf("%s: uid %s charged %d, want its pool's %d", when, uid, c, 8*slot)
+			}
+		}
+	}
+	check("before")
+	var cmds []*exec.Cmd
+	for _, uid := range []int{2001, 2001, 2002, 2002} {
+		cmds = append(cmds, as(uid, poolWorker, pools[uid], fmt.Sprint(uid%10), "300"))
+	}
+	cmds = append(cmds, as(2003, poolHostile, pools[2003], pools[2001]))
+	outs := make([]*bytes.Buffer, len(cmds))
+	for i, c := range cmds {
+		outs[i] = &bytes.Buffer{}
+		c.Stdout, c.Stderr = outs[i], outs[i]
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		for _, c := range cmds {
+			c.Wait()
+		}
+		close(done)
+	}()
+	for sampled := false; ; sampled = true {
+		select {
+		case <-done:
+			if !sampled {
+				t.Log("the users were done before the first sample")
+			}
+		case <-time.After(20 * time.Millisecond):
+			check("while the users work")
+			continue
+		}
+		break
+	}
+	for i, c := range cmds {
+		if !c.ProcessState.Success() {
+			t.Errorf("%s: %v\n%s", c.Args[1], c.ProcessState, outs[i])
+		}
+	}
+	check("after")
+	for _, dir := range pools {
+		mustRun(t, "rm", "-r", dir)
+	}
+	if s := readStats(t, d.mnt); s.ChargedBytes != 0 || s.RegisteredBytes != 0 || s.Buffers != 0 {
+		t.Errorf("after rm -r of the pools: %+v", s)
 	}
 }
