@@ -418,3 +418,59 @@ func TestPoolsSharedMount(t *testing.T) {
 		t.Errorf("after rm -r of the pools: %+v", s)
 	}
 }
+
+// A peer's WRITE into one pool file, with the chunk's key at the slot's
+// address, is seen through that file's mapping and in none of its
+// neighbours; `mrfs remote --desc` of a pool file reaches its slot and
+// refuses a range past it, though the chunk's region goes on.
+func TestPoolRemote(t *testing.T) {
+	t.Parallel()
+	d, peer := startRemoteConf(t, backend.listen())
+	const slot = 64 << 10
+	p := makePool(t, d, "pool", "64KiB", 4, "--access", "local_write,remote_read,remote_write")
+	var files []string
+	for _, name := range []string{"a", "b", "c"} {
+		f := filepath.Join(p, name)
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	_, m := mapShared(t, files[1], slot)
+	addr, rkey := keysOf(t, files[1])
+	c := dialPD(t, peer, "/pool")
+	msg := []byte("from a peer, into slot 1")
+	if err := c.Write(addr+slot-uint64(len(msg)), rkey, msg); err != nil {
+		t.Fatalf("WRITE into the pool file: %v", err)
+	}
+	if got := m[slot-len(msg):]; !bytes.Equal(got, msg) {
+		t.Errorf("the pool file's mapping shows %q, want the peer's %q", got, msg)
+	}
+	for _, f := range []string{files[0], files[2]} {
+		if got, _ := os.ReadFile(f); !bytes.Equal(got, make([]byte, slot)) {
+			t.Errorf("%s, a neighbour of the written slot, is not all zero", f)
+		}
+	}
+	desc := filepath.Join(t.TempDir(), "desc")
+	if err := os.WriteFile(desc, []byte(mustXattr(t, files[2], xDesc)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := sh(t, fmt.Sprintf("printf 'via desc' | %s --desc @%s --offset 100", remoteCLI(d, "write")+"/pool", desc))
+	if err != nil {
+		t.Fatalf("mrfs remote write --desc of a pool file: %v\n%s%s", err, out, errOut)
+	}
+	if got, _ := os.ReadFile(files[2]); string(got[100:108]) != "via desc" {
+		t.Errorf("after a write through the desc, %s reads %q at 100", files[2], got[100:108])
+	}
+	_, errOut, err = sh(t, fmt.Sprintf("printf 'too far' | %s --desc @%s --offset %d", remoteCLI(d, "write")+"/pool", desc, slot-3))
+	if exitCode(err) == 0 || !strings.Contains(errOut, "no region") {
+		t.Errorf("a write through a pool file's desc past its end: %v %q, want refused", err, errOut)
+	}
+	// The slot after c's, given to a new file, holds none of it.
+	if err := os.WriteFile(filepath.Join(p, "d"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(p, "d")); !bytes.Equal(got, make([]byte, slot)) {
+		t.Errorf("the slot after the pool file's was written through its desc")
+	}
+}

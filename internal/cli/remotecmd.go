@@ -294,7 +294,9 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 }
 
 // parseDesc reads a user.mrfs.desc, literal or @FILE, for the buffer's
-// address and its regions.
+// address and its regions, cut to the buffer's own bytes: a pool file's
+// region is its chunk's, which holds the neighbouring slots too, and a
+// range past the file must not reach them.
 func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 	data := []byte(s)
 	if name, ok := strings.CutPrefix(s, "@"); ok {
@@ -304,6 +306,7 @@ func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 	}
 	var d struct {
 		Addr    string `json:"addr"`
+		Length  string `json:"length"`
 		Regions []struct {
 			Addr   string `json:"addr"`
 			Length string `json:"length"`
@@ -319,6 +322,12 @@ func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 	if addr, err = strconv.ParseUint(d.Addr, 0, 64); err != nil {
 		return 0, nil, fmt.Errorf("addr %q: %w", d.Addr, err)
 	}
+	length := ^uint64(0) - addr // a desc written by hand may leave it out
+	if d.Length != "" {
+		if length, err = strconv.ParseUint(d.Length, 0, 64); err != nil {
+			return 0, nil, fmt.Errorf("length %q: %w", d.Length, err)
+		}
+	}
 	for i, r := range d.Regions {
 		a, err1 := strconv.ParseUint(r.Addr, 0, 64)
 		n, err2 := strconv.ParseUint(r.Length, 0, 64)
@@ -326,7 +335,9 @@ func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 		if err := errors.Join(err1, err2, err3); err != nil {
 			return 0, nil, fmt.Errorf("region %d: %w", i, err)
 		}
-		regions = append(regions, remote.Region{Addr: a, Length: n, RKey: uint32(k)})
+		if from, to := max(a, addr), min(a+n, addr+length); from < to {
+			regions = append(regions, remote.Region{Addr: from, Length: to - from, RKey: uint32(k)})
+		}
 	}
 	return addr, regions, nil
 }
