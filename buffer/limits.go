@@ -31,6 +31,7 @@ const (
 	limitMaxPD       limitKind = "max_pd"
 	limitPoolFull    limitKind = "pool"
 	limitPoolAccess  limitKind = "pool access"
+	limitPoolReopen  limitKind = "pool reopen"
 	// limitCut keys the log of writes taken back past a quota.
 	limitCut limitKind = "writes past max_pinned_per_user"
 )

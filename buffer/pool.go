@@ -2,6 +2,7 @@ package buffer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -144,6 +145,9 @@ func (d *Domain) MakePool(slot uint64, slots int, owner uint32) (*Pool, error) {
 	}
 	p.mu.Lock()
 	err = p.growLocked(slots)
+	if err == nil {
+		err = p.reopenableLocked()
+	}
 	p.mu.Unlock()
 	m.mu.Lock()
 	d.making = false
@@ -155,6 +159,28 @@ func (d *Domain) MakePool(slot uint64, slots int, owner uint32) (*Pool, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// reopenableLocked checks that a slot's file can be reopened for a
+// client (slotFile.Open, through /proc/self/map_files: CAP_SYS_ADMIN or
+// CAP_CHECKPOINT_RESTORE), and frees the pool's chunks when not: EPERM,
+// logged with what it takes. Callers hold p.mu.
+func (p *Pool) reopenableLocked() error {
+	addr, _ := p.addrLocked(0)
+	fd, err := slotFile{&slotRef{p: p, addr: addr}}.Open()
+	if err == nil {
+		unix.Close(fd)
+		return nil
+	}
+	for len(p.chunks) > 0 {
+		if derr := p.dropLocked(p.chunks[len(p.chunks)-1]); derr != nil {
+			return errors.Join(err, derr)
+		}
+		p.chunks = p.chunks[:len(p.chunks)-1]
+	}
+	p.free = nil
+	return p.m.refuse(limitPoolReopen, syscall.EPERM, "pools need CAP_SYS_ADMIN",
+		fmt.Sprintf("cannot make a pool: a client's open of a pool file reopens its slot through /proc/self/map_files, which needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE); run mrfs as root, or use standalone buffers (%v)", err))
 }
 
 // Info is a snapshot of the pool.

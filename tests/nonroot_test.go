@@ -105,6 +105,7 @@ test "$(cat "$1")" = hello
 truncate -s 64K "$1"
 test "$(getfattr --only-values -n user.mrfs.state "$1")" = registered
 test "$(stat -c %U "$2")" = nobody
+if "$3" pool "$2/p" --slot 64KiB --slots 2; then echo a pool was made without CAP_SYS_ADMIN; exit 1; fi
 "$3" umount "$2"`
 	if out, err := asNobody("sh", "-c", script, "sh", f, mnt, bin).CombinedOutput(); err != nil {
 		t.Fatalf("as the mounting user: %v\n%s\ndaemon:\n%s", err, out, stderr.String())
@@ -124,5 +125,8 @@ test "$(stat -c %U "$2")" = nobody
 	// log says what that costs.
 	if !strings.Contains(stderr.String(), "backing store: memfds") || !strings.Contains(stderr.String(), "CAP_SYS_ADMIN") {
 		t.Errorf("the degraded daemon does not say it uses memfds:\n%s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "cannot make a pool: a client's open of a pool file reopens its slot") {
+		t.Errorf("the degraded daemon does not say why it made no pool:\n%s", stderr.String())
 	}
 }
