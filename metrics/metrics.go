@@ -139,12 +139,13 @@ var (
 	descUserCharged = prometheus.NewDesc("mrfs_user_charged_bytes", "Store memory charged to a uid: what max_pinned_per_user bounds.", []string{"uid"}, nil)
 	descUnlinked    = prometheus.NewDesc("mrfs_open_unlinked_files", "Files unlinked while clients still hold them open: their memory is charged until released.", nil, nil)
 	descMappings    = prometheus.NewDesc("mrfs_mappings", "The daemon's memory mappings (each registered buffer is one), against vm.max_map_count.", nil, nil)
+	descPoolSlots   = prometheus.NewDesc("mrfs_pool_slots", "Slots of a pool (by its PD number), used by files or free.", []string{"pd", "state"}, nil)
 	descLimit       = prometheus.NewDesc("mrfs_limit", "Configured limits (0: none): bytes for max_pinned and max_pinned_per_user, counts for max_buffers, open_files and max_map_count.", []string{"limit"}, nil)
 )
 
 func (s *state) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuffers, descPDs, descRegistered, descPinned, descUserBuffers, descUserPinned, descStore, descOpen, descLimit,
-		descCharged, descUserCharged, descUnlinked, descMappings} {
+		descCharged, descUserCharged, descUnlinked, descMappings, descPoolSlots} {
 		ch <- d
 	}
 }
@@ -170,6 +171,12 @@ func (s *state) Collect(ch chan<- prometheus.Metric) {
 	gauge(descMappings, float64(st.Maps))
 	gauge(descStore, float64(st.StoreUsed), st.Store)
 	gauge(descOpen, float64(st.OpenFds))
+	for pd, p := range s.mgr.Pools() {
+		in := p.Info()
+		id := strconv.FormatUint(uint64(pd), 10)
+		gauge(descPoolSlots, float64(in.Used), id, "used")
+		gauge(descPoolSlots, float64(in.Slots-in.Used), id, "free")
+	}
 	gauge(descLimit, float64(opt.MaxPinned), "max_pinned")
 	gauge(descLimit, float64(opt.MaxPinnedPerUser), "max_pinned_per_user")
 	gauge(descLimit, float64(opt.MaxBuffers), "max_buffers")

@@ -474,3 +474,22 @@ func TestPoolRemote(t *testing.T) {
 		t.Errorf("the slot after the pool file's was written through its desc")
 	}
 }
+
+// /metrics counts each pool's slots used and free, by its PD.
+func TestPoolMetrics(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Metrics: `listen = "127.0.0.1:0"`})
+	url := metricsURL(t, d)
+	p := makePool(t, d, "pool", "4KiB", 4)
+	if err := os.WriteFile(filepath.Join(p, "a"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pd := mustXattr(t, p, xPD)
+	m := scrape(t, url)
+	for state, want := range map[string]float64{"used": 1, "free": 3} {
+		name := `mrfs_pool_slots{pd="` + pd + `",state="` + state + `"}`
+		if got, ok := m[name]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
+		}
+	}
+}
