@@ -132,6 +132,10 @@ type Stats struct {
 	// Maps are the daemon's memory mappings (counted, not read), MaxMaps
 	// vm.max_map_count: each registered buffer is one.
 	Maps, MaxMaps int
+	// Regions are the memory regions registered (against the device's
+	// max_mr): one per buffer, or more past max_mr_size; one per pool
+	// chunk.
+	Regions int
 }
 
 // UserStats are one uid's buffers, registered (pinned) bytes and the

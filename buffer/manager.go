@@ -156,6 +156,7 @@ func (m *Manager) Stats() Stats {
 		MaxOpenFds:      m.maxOpenFds,
 		Maps:            m.maps.usedLocked(),
 		MaxMaps:         m.maps.limit,
+		Regions:         m.regions,
 	}
 }
 

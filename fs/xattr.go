@@ -416,7 +416,9 @@ type stats struct {
 	OpenUnlinkedBytes uint64 `json:"open_unlinked_bytes"`
 	// Mappings are the daemon's memory mappings: each registered buffer
 	// is one, and vm.max_map_count (limits.max_map_count) bounds them.
-	Mappings  int                  `json:"mappings"`
+	Mappings int `json:"mappings"`
+	// Regions are the memory regions registered, against max_mr.
+	Regions   int                  `json:"regions"`
 	OpenFiles int                  `json:"open_files"`
 	Limits    statsLimits          `json:"limits"`
 	Users     map[string]statsUser `json:"users"`
@@ -493,6 +495,7 @@ func (fsys *filesystem) statsJSON() []byte {
 		OpenUnlinked:      st.Orphans,
 		OpenUnlinkedBytes: st.OrphanBytes,
 		Mappings:          st.Maps,
+		Regions:           st.Regions,
 		OpenFiles:         st.OpenFds,
 		Limits: statsLimits{
 			MaxBuffers:       opt.MaxBuffers,

@@ -29,6 +29,7 @@ import (
 func BenchmarkPinning(b *testing.B) {
 	b.Run("huge", benchHuge)
 	b.Run("perbuffer", benchPerBuffer)
+	b.Run("pool100k", benchPool100k)
 }
 
 // benchHuge registers a fresh buffer of each size on both mounts, in
@@ -77,17 +78,7 @@ func benchHuge(b *testing.B) {
 // daemon's anonymous memory (Go heap and stacks) and its whole resident
 // set beyond the buffers' own pages, per buffer, and the time of ls -l.
 func benchPerBuffer(b *testing.B) {
-	// 100,000 registered buffers are 100,000 mappings: past the default
-	// vm.max_map_count (65530) the daemon names that limit.
-	const mapCount = "/proc/sys/vm/max_map_count"
-	old, err := os.ReadFile(mapCount)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(mapCount, []byte("262144"), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	defer os.WriteFile(mapCount, old, 0o644)
+	raiseMapCount(b)
 	d := startDaemon(b, daemonConfig{Quiet: true, Buffers: "max_buffers = 200000", Hang: 30 * time.Minute})
 	dir := d.path("many")
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -126,6 +117,62 @@ func benchPerBuffer(b *testing.B) {
 		times = append(times, time.Since(start))
 	}
 	b.Logf("pinning-bench: | ls -l of %d buffers | median of 5: %v |", made, medianDur(times))
+	if code := d.stop(syscall.SIGINT); code != 0 {
+		b.Errorf("exit %d", code)
+	}
+}
+
+// raiseMapCount raises vm.max_map_count for the benchmark and puts it
+// back after: 100,000 registered buffers, or pool slots, are 100,000
+// mappings, past the default 65530 (where the daemon names that limit).
+func raiseMapCount(b *testing.B) {
+	const mapCount = "/proc/sys/vm/max_map_count"
+	old, err := os.ReadFile(mapCount)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(mapCount, []byte("262144"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.WriteFile(mapCount, old, 0o644) })
+}
+
+// benchPool100k makes 100,000 files of 4 KiB in a pool and 100,000
+// standalone buffers of 4 KiB, side by side in one mount, and reports the
+// regions each holds and the time each took.
+func benchPool100k(b *testing.B) {
+	raiseMapCount(b)
+	d := startDaemon(b, daemonConfig{Quiet: true, Buffers: "max_buffers = 250000", Hang: 30 * time.Minute})
+	const n = 100000
+	pool, plain := d.path("pool"), d.path("plain")
+	regions := func() int64 { return benchStats(b, d).Regions }
+	r0 := regions()
+	if out, err := exec.Command(mrfsBin, "pool", pool, "--slot", "4KiB", "--slots", strconv.Itoa(n)).CombinedOutput(); err != nil {
+		b.Fatalf("mrfs pool: %v: %s", err, out)
+	}
+	if err := os.Mkdir(plain, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	fill := func(dir string, size int64) time.Duration {
+		start := time.Now()
+		for i := range n {
+			fd, err := unix.Open(filepath.Join(dir, strconv.Itoa(i)), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+			if err == nil && size > 0 {
+				err = unix.Ftruncate(fd, size)
+			}
+			if err != nil {
+				b.Fatalf("%s/%d: %v", dir, i, err)
+			}
+			unix.Close(fd)
+		}
+		return time.Since(start)
+	}
+	tp := fill(pool, 0)
+	rp := regions() - r0
+	tb := fill(plain, 4096)
+	rb := regions() - r0 - rp
+	b.Logf("pinning-bench: | %d files of 4 KiB | pool: %d regions, made in %v | standalone buffers: %d regions, made in %v | time ratio %.2f |",
+		n, rp, tp.Round(time.Millisecond), rb, tb.Round(time.Millisecond), tb.Seconds()/tp.Seconds())
 	if code := d.stop(syscall.SIGINT); code != 0 {
 		b.Errorf("exit %d", code)
 	}

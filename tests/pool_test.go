@@ -363,8 +363,8 @@ func TestPoolsSharedMount(t *testing.T) {
 	want := int64(3 * 8 * slot)
 	check := func(when string) {
 		s := readStats(t, d.mnt)
-		if s.ChargedBytes != want || s.RegisteredBytes != want {
-			t.Errorf("%s: charged %d, registered %d; want the pools' %d", when, s.ChargedBytes, s.RegisteredBytes, want)
+		if s.ChargedBytes != want || s.RegisteredBytes != want || s.Regions != 3 {
+			t.Errorf("%s: charged %d, registered %d in %d regions; want the pools' %d in their 3 chunks", when, s.ChargedBytes, s.RegisteredBytes, s.Regions, want)
 		}
 		for _, uid := range []string{"2001", "2002", "2003"} {
 			if c := s.Users[uid].ChargedBytes; c != 8*slot {

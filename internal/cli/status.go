@@ -31,6 +31,7 @@ type rootStats struct {
 	ChargedBytes    uint64 `json:"charged_bytes"`
 	OpenUnlinked    int    `json:"open_unlinked"`
 	Mappings        int    `json:"mappings"`
+	Regions         int    `json:"regions"`
 	Limits          struct {
 		MaxBuffers       uint64 `json:"max_buffers"`
 		MaxPinned        uint64 `json:"max_pinned"`
@@ -128,8 +129,8 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	if len(unreadable) > 0 {
 		fmt.Fprintf(stdout, "not readable by this user: %s\n", strings.Join(unreadable, ", "))
 	}
-	fmt.Fprintf(stdout, "totals: %s in %s, %s registered, %s pinned\n",
-		plural(st.Buffers, "buffer"), plural(st.PDs, "PD"), bytesize.Format(st.RegisteredBytes), bytesize.Format(st.PinnedBytes))
+	fmt.Fprintf(stdout, "totals: %s in %s, %s registered in %s, %s pinned\n",
+		plural(st.Buffers, "buffer"), plural(st.PDs, "PD"), bytesize.Format(st.RegisteredBytes), plural(st.Regions, "region"), bytesize.Format(st.PinnedBytes))
 	open := ""
 	if st.OpenUnlinked > 0 {
 		open = fmt.Sprintf(", %s unlinked but open", plural(st.OpenUnlinked, "file"))
