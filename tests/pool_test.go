@@ -375,7 +375,7 @@ func TestPoolsSharedMount(t *testing.T) {
 	check("before")
 	var cmds []*exec.Cmd
 	for _, uid := range []int{2001, 2001, 2002, 2002} {
-		cmds = append(cmds, as(uid, poolWorker, pools[uid], fmt.Sprint(uid%10), "300"))
+		cmds = append(cmds, as(uid, poolWorker, pools[uid], fmt.Sprint(uid%10), fmt.Sprint(300/int(slowFactor()))))
 	}
 	cmds = append(cmds, as(2003, poolHostile, pools[2003], pools[2001]))
 	outs := make([]*bytes.Buffer, len(cmds))
