@@ -30,9 +30,10 @@ import (
 //
 // A slot is zeroed once its file is unlinked, or at the last release of
 // a file unlinked while open, and only then given again: no byte of one
-// file is readable through the next one given its slot. The zeroing is a
-// worker's (zeroDirty), off the unlink's path; a create that finds no
-// free slot but slots being zeroed waits for them.
+// file is readable through the next one given its slot. The zeroing is
+// done without the pool's lock; a create that finds no free slot but one
+// being zeroed waits for it. (A worker zeroing off the unlink's path
+// measured slower on two CPUs: docs/BENCHMARKS.md.)
 //
 // Lock order: a slot's Buffer.mu, then Pool.mu, then Manager.mu.
 type Pool struct {
@@ -44,17 +45,14 @@ type Pool struct {
 	holder *Buffer // immutable: carries the charge
 
 	mu sync.Mutex
-	// guards: chunks (and every chunk's regs), free, dirty, used,
-	// zeroing, worker, access, closed.
+	// guards: chunks (and every chunk's regs), free, used, zeroing,
+	// access, closed.
 	chunks []*chunk
 	free   []int // free slot numbers, zeroed; the last is given next
-	dirty  []int // slots given back and not zeroed yet
 	used   int   // slots held by files
 	// zeroing: slots being zeroed now, without mu (their chunks stay
-	// until it is 0); worker: zeroDirty runs. done is signalled (on mu)
-	// whenever a slot was zeroed or the worker stops.
+	// until it is 0); done is signalled (on mu) whenever one is.
 	zeroing int
-	worker  bool
 	done    *sync.Cond
 	// held: slots of files unlinked while open, given back at their last
 	// close (atomic: counted where the manager's lock is held).
@@ -235,8 +233,8 @@ func (p *Pool) SetSlots(n int) error {
 	for p.zeroing > 0 {
 		p.done.Wait() // its chunk may be one to free
 	}
-	free := make(map[int]bool, len(p.free)+len(p.dirty))
-	for _, i := range slices.Concat(p.free, p.dirty) {
+	free := make(map[int]bool, len(p.free))
+	for _, i := range p.free {
 		free[i] = true
 	}
 	for i := n; i < have; i++ {
@@ -244,8 +242,7 @@ func (p *Pool) SetSlots(n int) error {
 			return fmt.Errorf("pool: slot %d is in use (or held open): %w", i, syscall.EBUSY)
 		}
 	}
-	past := func(i int) bool { return i >= n }
-	p.free, p.dirty = slices.DeleteFunc(p.free, past), slices.DeleteFunc(p.dirty, past)
+	p.free = slices.DeleteFunc(p.free, func(i int) bool { return i >= n })
 	for len(p.chunks) > k {
 		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
 			return err
@@ -399,7 +396,7 @@ func (p *Pool) close() error {
 		}
 		p.chunks = p.chunks[:len(p.chunks)-1]
 	}
-	p.free, p.dirty = nil, nil
+	p.free = nil
 	return nil
 }
 
@@ -454,7 +451,7 @@ func (p *Pool) take() (int, error) {
 			p.free = p.free[:len(p.free)-1]
 			p.used++
 			return i, nil
-		case len(p.dirty) > 0 || p.zeroing > 0:
+		case p.zeroing > 0:
 			p.done.Wait()
 			continue
 		case p.held.Load() > 0 && deadline.IsZero():
@@ -481,7 +478,7 @@ func (p *Pool) take() (int, error) {
 }
 
 // give takes slot i back from its file (released: at the last close of
-// a file unlinked while open); it is free once zeroed.
+// a file unlinked while open), zeroes it without mu, and makes it free.
 func (p *Pool) give(i int, released bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -492,37 +489,19 @@ func (p *Pool) give(i int, released bool) {
 	if p.closed {
 		return
 	}
-	p.dirty = append(p.dirty, i)
-	if !p.worker {
-		p.worker = true
-		go p.zeroDirty()
-	}
+	mem := p.bytesLocked(i)
+	p.zeroing++
+	p.mu.Unlock()
+	zeroSlot(mem)
+	p.mu.Lock()
+	p.zeroing--
+	p.free = append(p.free, i)
+	p.done.Broadcast()
 }
 
 // zeroSlot zeroes a slot's memory; a variable so that tests can hold a
 // zeroing under way.
 var zeroSlot = func(mem []byte) { clear(mem) }
-
-// zeroDirty zeroes the slots given back, one at a time without mu, and
-// makes them free; it stops when none is left or the pool closes.
-func (p *Pool) zeroDirty() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for len(p.dirty) > 0 && !p.closed {
-		i := p.dirty[len(p.dirty)-1]
-		p.dirty = p.dirty[:len(p.dirty)-1]
-		mem := p.bytesLocked(i)
-		p.zeroing++
-		p.mu.Unlock()
-		zeroSlot(mem)
-		p.mu.Lock()
-		p.zeroing--
-		p.free = append(p.free, i)
-		p.done.Broadcast()
-	}
-	p.worker = false
-	p.done.Broadcast()
-}
 
 // addrLocked is slot i's address, and its chunk. Callers hold p.mu.
 func (p *Pool) addrLocked(i int) (unsafe.Pointer, *chunk) {

@@ -237,7 +237,7 @@ func TestPoolShrink(t *testing.T) {
 // rather than calling the pool full; what it gets is zeroed.
 func TestPoolWaitsForZeroing(t *testing.T) {
 	e := setup(t, buffer.Options{}, 0)
-	const slot = 32 << 20
+	const slot = 64 << 10
 	newPool(t, e, slot, 1)
 	b, err := e.m.Create(e.d, 0, 0)
 	if err != nil {
@@ -246,12 +246,23 @@ func TestPoolWaitsForZeroing(t *testing.T) {
 	if _, err := b.WriteAt(bytes.Repeat([]byte{7}, slot), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Free(); err != nil {
-		t.Fatal(err)
+	started, let := holdZeroing(t)
+	go b.Free() // zeroes the slot before it returns
+	<-started
+	made := make(chan error, 1)
+	go func() {
+		var err error
+		b, err = e.m.Create(e.d, 0, 0)
+		made <- err
+	}()
+	select {
+	case err := <-made:
+		t.Fatalf("a create while the only slot is being zeroed returned (%v), want it to wait", err)
+	case <-time.After(50 * time.Millisecond):
 	}
-	b, err = e.m.Create(e.d, 0, 0) // at once: the 32 MiB are still being zeroed
-	if err != nil {
-		t.Fatalf("a create while the only slot is being zeroed: %v, want it to wait", err)
+	let()
+	if err := <-made; err != nil {
+		t.Fatalf("a create once the slot is zeroed: %v", err)
 	}
 	got := make([]byte, slot)
 	b.ReadAt(got, 0)
@@ -279,9 +290,7 @@ func TestPoolShrinkWhileZeroing(t *testing.T) {
 		}
 	}
 	started, let := holdZeroing(t)
-	if err := last.Free(); err != nil {
-		t.Fatal(err)
-	}
+	go last.Free() // zeroes the slot before it returns
 	<-started
 	done := make(chan error, 1)
 	go func() { done <- p.SetSlots(1) }()
@@ -315,8 +324,9 @@ func holdZeroing(t *testing.T) (started <-chan struct{}, let func()) {
 	return start, let
 }
 
-// Removing a pool while a slot is being zeroed waits for the zeroing
-// before its chunks are unmapped.
+// Removing a pool while the slot of a file unlinked while open is being
+// zeroed, at that file's last close, waits for the zeroing before the
+// chunks are unmapped.
 func TestPoolCloseWhileZeroing(t *testing.T) {
 	e := setup(t, buffer.Options{}, 0)
 	newPool(t, e, 64<<10, 2)
@@ -324,10 +334,15 @@ func TestPoolCloseWhileZeroing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	started, let := holdZeroing(t)
-	if err := b.Free(); err != nil {
+	fd, err := b.Open(true)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if err := b.Free(); err != nil { // unlinked while open: zeroed at its last close
+		t.Fatal(err)
+	}
+	started, let := holdZeroing(t)
+	go fd.Close()
 	<-started
 	done := make(chan error, 1)
 	go func() { done <- e.d.Close() }()
