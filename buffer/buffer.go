@@ -867,7 +867,7 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	if !open {
 		b.freeMemory(func() error { return b.f.Truncate(0) }, false)
 	} else if b.slot != nil {
-		b.slot.p.held.Add(1) // given back at the last close
+		b.slot.p.hold()
 	}
 	b.settleFileLocked() // what a client wrote unseen goes with the rest
 	if err := b.f.Remove(); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -46,7 +45,7 @@ type Pool struct {
 
 	mu sync.Mutex
 	// guards: chunks (and every chunk's regs), free, used, zeroing,
-	// access, closed.
+	// held, access, closed.
 	chunks []*chunk
 	free   []int // free slot numbers, zeroed; the last is given next
 	used   int   // slots held by files
@@ -55,8 +54,8 @@ type Pool struct {
 	zeroing int
 	done    *sync.Cond
 	// held: slots of files unlinked while open, given back at their last
-	// close (atomic: counted where the manager's lock is held).
-	held   atomic.Int32
+	// close.
+	held   int
 	access verbs.Access
 	closed bool
 }
@@ -454,7 +453,7 @@ func (p *Pool) take() (int, error) {
 		case p.zeroing > 0:
 			p.done.Wait()
 			continue
-		case p.held.Load() > 0 && deadline.IsZero():
+		case p.held > 0 && deadline.IsZero():
 			deadline = time.Now().Add(releaseWait)
 			t := time.AfterFunc(releaseWait, func() {
 				p.mu.Lock()
@@ -463,12 +462,12 @@ func (p *Pool) take() (int, error) {
 			})
 			defer t.Stop()
 			fallthrough
-		case p.held.Load() > 0 && time.Now().Before(deadline):
+		case p.held > 0 && time.Now().Before(deadline):
 			p.done.Wait()
 			continue
 		}
 		open := ""
-		if n := p.held.Load(); n > 0 {
+		if n := p.held; n > 0 {
 			open = fmt.Sprintf(" (%d of them by files unlinked, still open)", n)
 		}
 		m := p.m
@@ -477,13 +476,21 @@ func (p *Pool) take() (int, error) {
 	}
 }
 
+// hold counts a slot whose file was unlinked while open: give gets it
+// back at its last close.
+func (p *Pool) hold() {
+	p.mu.Lock()
+	p.held++
+	p.mu.Unlock()
+}
+
 // give takes slot i back from its file (released: at the last close of
 // a file unlinked while open), zeroes it without mu, and makes it free.
 func (p *Pool) give(i int, released bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if released {
-		p.held.Add(-1)
+		p.held--
 	}
 	p.used--
 	if p.closed {

@@ -74,7 +74,8 @@ func (b *Buffer) slotRegionLocked() *Region {
 	return nil
 }
 
-// slotRegions is Regions for a slot: its chunk's region.
+// slotRegionsLocked is Regions for a slot: its chunk's region.
+// Callers hold b.mu.
 func (b *Buffer) slotRegionsLocked() []Region {
 	b.slot.p.mu.Lock()
 	defer b.slot.p.mu.Unlock()
@@ -84,7 +85,7 @@ func (b *Buffer) slotRegionsLocked() []Region {
 	return nil
 }
 
-// errSlotSize answers a change of a pool file's size.
+// errSize answers a change of a pool file's size.
 func (s *slotRef) errSize(size uint64) error {
 	return fmt.Errorf("a pool file's size is its pool's slot size (%s), not %s: %w",
 		bytesize.Format(s.p.slot), bytesize.Format(size), syscall.EINVAL)
