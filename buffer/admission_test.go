@@ -37,6 +37,8 @@ func (e *events) Deregistered(n uint64) {
 	e.deres++
 }
 
+func (e *events) Slot(bool) {}
+
 func (e *events) LimitHit(limit string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -61,6 +61,9 @@ type Events interface {
 	Registered(n uint64, took time.Duration)
 	// Deregistered: a region of n bytes was deregistered.
 	Deregistered(n uint64)
+	// Slot: a pool file took a slot (taken) or gave it back: its keys
+	// came or went without a registration of its own.
+	Slot(taken bool)
 	// LimitHit: a call was refused by limit (its name in the log:
 	// "max_pinned", "RLIMIT_MEMLOCK", ...).
 	LimitHit(limit string)

@@ -118,6 +118,7 @@ type noEvents struct{}
 func (noEvents) Registered(uint64, time.Duration) {}
 func (noEvents) Deregistered(uint64)              {}
 func (noEvents) LimitHit(string)                  {}
+func (noEvents) Slot(bool)                        {}
 
 // Device is the device buffers are registered on.
 func (m *Manager) Device() verbs.Device { return m.dev }

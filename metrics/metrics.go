@@ -82,6 +82,9 @@ func (m *Metrics) Registered(n uint64, took time.Duration) {
 // Deregistered is buffer.Events.
 func (m *Metrics) Deregistered(n uint64) { m.deregistrations.Inc() }
 
+// Slot is buffer.Events: a pool's slots are counted at each scrape.
+func (m *Metrics) Slot(bool) {}
+
 // LimitHit is buffer.Events.
 func (m *Metrics) LimitHit(limit string) { m.limitHits.WithLabelValues(limit).Inc() }
 

@@ -493,3 +493,55 @@ func TestPoolMetrics(t *testing.T) {
 		}
 	}
 }
+
+// A pool file with remote access is published as any buffer, at its
+// slot's address with the chunk's region and its pool; a peer that finds
+// it by name writes into that slot and, past its end, nowhere.
+func TestPoolPublish(t *testing.T) {
+	e := startEtcd(t)
+	host, _ := os.Hostname()
+	prefix := "/mrfs-test/" + host
+	d := startDaemon(t, daemonConfig{Remote: backend.listen(),
+		Publish: fmt.Sprintf("endpoints = [%q]\nprefix = \"/mrfs-test\"\nlease = \"30s\"", e.url)})
+	const slot = 64 << 10
+	p := makePool(t, d, "pool", "64KiB", 4, "--access", "local_write,remote_read,remote_write")
+	for _, name := range []string{"a", "b", "c"} {
+		if err := os.WriteFile(filepath.Join(p, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := filepath.Join(p, "b")
+	got := e.waitKeys(prefix, 5*time.Second, "/pool/a", "/pool/b", "/pool/c")
+	v := got[prefix+"/pool/b"]
+	addr, _ := keysOf(t, b)
+	pool, _ := v["pool"].(map[string]any)
+	if v["addr"] != fmt.Sprintf("%#x", addr) || v["pd_path"] != "/pool" || pool == nil || fmt.Sprint(pool["slot"]) != "1" {
+		t.Errorf("published /pool/b: addr %v pd_path %v pool %v; want addr %#x in /pool, slot 1", v["addr"], v["pd_path"], v["pool"], addr)
+	}
+	tok := mustXattr(t, p, xToken)
+	etcd := fmt.Sprintf("--endpoints %s --prefix /mrfs-test", e.url)
+	mustSh(t, fmt.Sprintf("printf 'by name' | MRFS_TOKEN=%s mrfs remote write --name '%s/pool/b' --offset 100 %s", tok, host, etcd))
+	if data, _ := os.ReadFile(b); string(data[100:107]) != "by name" {
+		t.Errorf("the write by name did not land in the slot: %q", data[100:107])
+	}
+	if _, errOut, err := sh(t, fmt.Sprintf("printf 'past' | MRFS_TOKEN=%s mrfs remote write --name '%s/pool/b' --offset %d %s", tok, host, slot-2, etcd)); exitCode(err) == 0 {
+		t.Errorf("a write by name past the pool file's end: %v %q, want refused", err, errOut)
+	}
+	for _, f := range []string{filepath.Join(p, "a"), filepath.Join(p, "c")} {
+		if data, _ := os.ReadFile(f); !bytes.Equal(data, make([]byte, slot)) {
+			t.Errorf("%s, a neighbour of the slot written by name, is not all zero", f)
+		}
+	}
+	// Unlinked, its key goes (no deregistration says so: the slot does).
+	if err := os.Remove(b); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if now, err := e.published(prefix); err == nil && now[prefix+"/pool/b"] == nil && now[prefix+"/pool/a"] != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the unlinked pool file is still published")
+		}
+	}
+}

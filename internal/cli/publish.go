@@ -39,6 +39,13 @@ func (e *publishing) Deregistered(n uint64) {
 	e.poke()
 }
 
+func (e *publishing) Slot(taken bool) {
+	if e.next != nil {
+		e.next.Slot(taken)
+	}
+	e.poke()
+}
+
 func (e *publishing) LimitHit(limit string) {
 	if e.next != nil {
 		e.next.LimitHit(limit)
