@@ -76,13 +76,11 @@ type slotRef struct {
 
 // PoolInfo is a snapshot of a pool.
 type PoolInfo struct {
-	Slot          uint64 // bytes per slot
-	Slots, Used   int
-	Chunks        int
-	Access        verbs.Access
-	Owner         uint32
-	Regions       []Region // one per chunk
-	RegisteredLen uint64
+	Slot        uint64 // bytes per slot
+	Slots, Used int
+	Chunks      int
+	Access      verbs.Access
+	Regions     []Region // one per chunk
 }
 
 // SlotInfo says where a pool file's buffer lives in its pool.
@@ -184,10 +182,9 @@ func (p *Pool) reopenableLocked() error {
 func (p *Pool) Info() PoolInfo {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	in := PoolInfo{Slot: p.slot, Slots: p.slotsLocked(), Used: p.used, Chunks: len(p.chunks), Access: p.access, Owner: p.owner}
+	in := PoolInfo{Slot: p.slot, Slots: p.slotsLocked(), Used: p.used, Chunks: len(p.chunks), Access: p.access}
 	for _, c := range p.chunks {
 		in.Regions = append(in.Regions, c.regs.list()...)
-		in.RegisteredLen += c.regs.length()
 	}
 	return in
 }
