@@ -167,11 +167,8 @@ func (p *Pool) reopenableLocked() error {
 		unix.Close(fd)
 		return nil
 	}
-	for len(p.chunks) > 0 {
-		if derr := p.dropLocked(p.chunks[len(p.chunks)-1]); derr != nil {
-			return errors.Join(err, derr)
-		}
-		p.chunks = p.chunks[:len(p.chunks)-1]
+	if derr := p.dropToLocked(0); derr != nil {
+		return errors.Join(err, derr)
 	}
 	p.free = nil
 	return p.m.refuse(limitPoolReopen, syscall.EPERM, "pools need CAP_SYS_ADMIN",
@@ -188,9 +185,6 @@ func (p *Pool) Info() PoolInfo {
 	}
 	return in
 }
-
-// Domain is the pool's domain.
-func (p *Pool) Domain() *Domain { return p.d }
 
 func (p *Pool) slotsLocked() int {
 	if len(p.chunks) == 0 {
@@ -239,13 +233,7 @@ func (p *Pool) SetSlots(n int) error {
 		}
 	}
 	p.free = slices.DeleteFunc(p.free, func(i int) bool { return i >= n })
-	for len(p.chunks) > k {
-		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
-			return err
-		}
-		p.chunks = p.chunks[:len(p.chunks)-1]
-	}
-	return nil
+	return p.dropToLocked(k)
 }
 
 // growLocked adds n slots in new chunks, all or nothing: admitted and
@@ -355,6 +343,19 @@ func (p *Pool) unmapChunk(c *chunk) {
 	p.m.unreserveMaps(c.n)
 }
 
+// dropToLocked frees the chunks past the first k, the last first; one
+// that cannot be deregistered stays, with those before it. Callers hold
+// p.mu.
+func (p *Pool) dropToLocked(k int) error {
+	for len(p.chunks) > k {
+		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
+			return err
+		}
+		p.chunks = p.chunks[:len(p.chunks)-1]
+	}
+	return nil
+}
+
 // dropLocked deregisters c, then unmaps it and gives its memory back to
 // the budget and the store. Callers hold p.mu.
 func (p *Pool) dropLocked(c *chunk) error {
@@ -386,11 +387,8 @@ func (p *Pool) close() error {
 	for p.zeroing > 0 {
 		p.done.Wait()
 	}
-	for len(p.chunks) > 0 {
-		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
-			return err
-		}
-		p.chunks = p.chunks[:len(p.chunks)-1]
+	if err := p.dropToLocked(0); err != nil {
+		return err
 	}
 	p.free = nil
 	return nil
