@@ -131,7 +131,6 @@ func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
 	n.fillAttr(&out.Attr)
 	out.SetAttrTimeout(n.attrTimeout())
 	out.SetEntryTimeout(entryTimeout) // the name may be cached
-
 }
 
 func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {

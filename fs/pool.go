@@ -60,18 +60,11 @@ func poolString(in buffer.PoolInfo) string {
 	return fmt.Sprintf("slot=%s,slots=%d,used=%d,chunks=%d", compactSize(in.Slot), in.Slots, in.Used, in.Chunks)
 }
 
-// compactSize writes n in the largest binary unit that divides it, as
-// config sizes are written ("1MiB").
+// compactSize writes n as config sizes are written ("1MiB"), which
+// ParseSize reads back.
 func compactSize(n uint64) string {
-	for _, u := range []struct {
-		name string
-		b    uint64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n >= u.b && n%u.b == 0 {
-			return strconv.FormatUint(n/u.b, 10) + u.name
-		}
-	}
-	return strconv.FormatUint(n, 10)
+	b, _ := config.Size(n).MarshalText()
+	return string(b)
 }
 
 // setPool makes the directory a pool charged to uid, or changes its slots.
