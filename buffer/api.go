@@ -64,6 +64,10 @@ type Events interface {
 	// Slot: a pool file took a slot (taken) or gave it back: its keys
 	// came or went without a registration of its own.
 	Slot(taken bool)
+	// Changed: b's registration changed (its keys, regions, length or
+	// generation), or it went. Called with b's lock held: hear of it and
+	// return.
+	Changed(b *Buffer)
 	// LimitHit: a call was refused by limit (its name in the log:
 	// "max_pinned", "RLIMIT_MEMLOCK", ...).
 	LimitHit(limit string)

@@ -69,7 +69,17 @@ type Buffer struct {
 	// while: Info, Regions, PageSize and Sync answer from it rather than
 	// wait (lockOrBusy).
 	busy atomic.Pointer[busy]
+
+	aux any // set once by SetAux, before anyone else knows the buffer
 }
+
+// SetAux keeps the namespace's object for b (tree: its File), for those
+// who hear of b through Events.Changed. Call it once, before the buffer
+// is published.
+func (b *Buffer) SetAux(v any) { b.aux = v }
+
+// Aux is what SetAux kept.
+func (b *Buffer) Aux() any { return b.aux }
 
 // lockOrBusy takes mu, for writing or for reading, unless a long
 // registration is under way: then it takes nothing and returns that
@@ -469,6 +479,7 @@ func (b *Buffer) registerLocked(ctx context.Context, n uint64, d *Domain, a verb
 	b.regs = rs
 	b.gen++
 	b.pageSize.Store(0)
+	m.events.Changed(b)
 	return nil
 }
 
@@ -527,6 +538,7 @@ func grainRound(n, grain uint64) uint64 { return (n + grain - 1) &^ (grain - 1) 
 func (b *Buffer) dropLocked() error {
 	rest, err := b.m.deregister(b.regs, b.owner, true)
 	b.regs = rest
+	b.m.events.Changed(b)
 	if err != nil {
 		return err
 	}
@@ -880,5 +892,6 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	if b.slot != nil {
 		m.events.Slot(false)
 	}
+	m.events.Changed(b)
 	return nregions, unpinned, nil
 }

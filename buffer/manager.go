@@ -119,6 +119,7 @@ func (noEvents) Registered(uint64, time.Duration) {}
 func (noEvents) Deregistered(uint64)              {}
 func (noEvents) LimitHit(string)                  {}
 func (noEvents) Slot(bool)                        {}
+func (noEvents) Changed(*Buffer)                  {}
 
 // Device is the device buffers are registered on.
 func (m *Manager) Device() verbs.Device { return m.dev }

@@ -363,7 +363,7 @@ func setAccessXattr(fsys *filesystem, m tree.Node, attr, settable string, data [
 }
 
 func (n *bufferNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return setAccessXattr(n.fsys, n.f, attr, xattrAccess, data, flags, n.buf.SetAccess)
+	return setAccessXattr(n.fsys, n.f, attr, xattrAccess, data, flags, n.f.SetAccess)
 }
 
 func (n *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
@@ -374,7 +374,7 @@ func (n *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 		n.dir.Touch(true)
 		return 0
 	}
-	return setAccessXattr(n.fsys, n.dir, attr, xattrDefaultAccess, data, flags, n.dir.Domain().SetDefaultAccess)
+	return setAccessXattr(n.fsys, n.dir, attr, xattrDefaultAccess, data, flags, n.dir.SetDefaultAccess)
 }
 
 // Removexattr: mrfs's attributes always exist and cannot be removed;

@@ -85,6 +85,9 @@ func (m *Metrics) Deregistered(n uint64) { m.deregistrations.Inc() }
 // Slot is buffer.Events: a pool's slots are counted at each scrape.
 func (m *Metrics) Slot(bool) {}
 
+// Changed is buffer.Events: what changed is counted above.
+func (m *Metrics) Changed(*buffer.Buffer) {}
+
 // LimitHit is buffer.Events.
 func (m *Metrics) LimitHit(limit string) { m.limitHits.WithLabelValues(limit).Inc() }
 

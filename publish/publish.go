@@ -1,29 +1,40 @@
-// Package publish keeps this host's buffers that have remote access
+// Package publish keeps this mount's buffers that have remote access
 // published to etcd, for peers on other hosts: one key per buffer,
-// <prefix>/<host>/<path in the mount>, whose value is the buffer's desc
-// (user.mrfs.desc, which carries the registration's generation) plus
-// "host", "listen" (user.mrfs.remote's transport and address) and
-// "pd_path" (the PD's directory). Every key lives
-// under one lease the publisher keeps alive, so a daemon that dies takes
-// its keys with it once the lease expires. The publisher reconciles what
-// etcd holds with the tree: when told something changed (Poke) and every
-// third of the lease's TTL, which renews it; while etcd cannot be reached the mount goes on, the log
-// says so once, and the next reconciliation with etcd back publishes
-// everything again under a new lease. Tokens are never published.
+// <prefix>/<host>/<mount>/<path in the mount>, whose value is the
+// buffer's desc (user.mrfs.desc, which carries the registration's
+// generation) plus "host", "mount", "path", "listen" (user.mrfs.remote's
+// transport and address) and "pd_path" (the PD's directory). Tokens are
+// never published.
+//
+// Publication is incremental: the tree and the buffers say which file
+// changed (Changed, ChangedBuffer), a record per file coalesces changes
+// until the next pass, and a pass does for each record at most a delete
+// and a put, batched into transactions: no walk of the tree. A removal
+// can be waited for (Wait), so a key is gone before the unlink or access
+// change that removed it returns.
+//
+// Every key lives under one lease the publisher keeps alive (a pass every
+// third of its TTL only renews it), so a daemon that dies takes its keys
+// with it once the lease expires. A new lease (at start, or after the old
+// one was lost while etcd was unreachable) first deletes what this mount
+// left under its name, then publishes the whole tree again: the only
+// walks. While etcd cannot be reached the mount goes on, the log says so
+// once, and the records wait for it.
 package publish
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"path"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -38,6 +49,10 @@ type Options struct {
 	Prefix    string        // of every key, e.g. "/mrfs"
 	Lease     time.Duration // the lease's TTL (at least a second)
 	Host      string        // this host's name in the keys
+	// Mount is this mount's name in the keys (publish.name; by default
+	// the mount point without its leading slash): two mounts of a host
+	// keep apart.
+	Mount string
 	// Listen is where peers connect: user.mrfs.remote's transport and
 	// address ("rdma_cm 10.0.0.5:7471"); "" while remote access is off.
 	Listen func() string
@@ -54,22 +69,43 @@ const remoteAccess = verbs.RemoteRead | verbs.RemoteWrite | verbs.RemoteAtomic
 // opTimeout bounds one request to etcd: past it, etcd is unreachable.
 const opTimeout = 3 * time.Second
 
+// maxTxnOps is the most operations one transaction carries: etcd's
+// default --max-txn-ops.
+const maxTxnOps = 128
+
 // Publisher publishes; Close stops it.
 type Publisher struct {
 	opt    Options
+	base   string // <prefix>/<host>/<mount>: every key of this mount
 	poke   chan struct{}
 	stop   chan struct{}
 	done   chan struct{}
 	client *clientv3.Client
 
-	mu sync.Mutex // guards: lease, published, down (the loop's; Close reads)
-	// lease is the lease the published keys live under; 0: none yet.
+	mu sync.Mutex // guards: every field below
+	// files and dirs are the change records since the last pass: files
+	// to look at again, directories whose every file is to (renamed, a
+	// pool's keys changed).
+	files map[*tree.File]struct{}
+	dirs  map[*tree.Dir]struct{}
+	// recorded counts the changes recorded; passed those in etcd (or
+	// found to need nothing); each pass closes and replaces passCh.
+	recorded, passed uint64
+	passCh           chan struct{}
+	// lease is the lease the published keys live under; 0: none yet,
+	// and the next pass starts over (a new lease, the whole tree).
 	lease clientv3.LeaseID
-	// published is what etcd holds of ours, key -> value, as last put.
-	published map[string]string
+	// pubs is what etcd holds of ours, per file; owner, per key, the
+	// file that put it (a rename over a published file takes its key).
+	pubs   map[*tree.File]pub
+	owner  map[string]*tree.File
+	listen string // the Listen the keys were made with
 	// down: etcd was unreachable at the last try (logged once).
 	down bool
 }
+
+// pub is one published key and its value.
+type pub struct{ key, value string }
 
 // Start connects to etcd (lazily: an etcd that is not there yet is not
 // an error) and starts publishing.
@@ -81,17 +117,76 @@ func Start(opt Options) (*Publisher, error) {
 		return nil, fmt.Errorf("etcd client for %v: %w", opt.Endpoints, err)
 	}
 	p := &Publisher{opt: opt, client: c, poke: make(chan struct{}, 1), stop: make(chan struct{}),
-		done: make(chan struct{}), published: map[string]string{}}
+		done: make(chan struct{}), files: map[*tree.File]struct{}{}, dirs: map[*tree.Dir]struct{}{},
+		passCh: make(chan struct{}), pubs: map[*tree.File]pub{}, owner: map[string]*tree.File{},
+		base: strings.TrimSuffix(opt.Prefix, "/") + "/" + opt.Host + "/" + strings.Trim(opt.Mount, "/")}
 	go p.run()
 	return p, nil
 }
 
-// Poke says something may have changed (a registration, a rename, an
-// unlink): the publisher reconciles at once.
-func (p *Publisher) Poke() {
+// Changed records that n's name, existence or keys changed (a
+// directory: of every file under it) and starts a pass; the returned
+// number is for Wait.
+func (p *Publisher) Changed(n tree.Node) uint64 {
+	p.mu.Lock()
+	switch n := n.(type) {
+	case *tree.File:
+		p.files[n] = struct{}{}
+	case *tree.Dir:
+		p.dirs[n] = struct{}{}
+	}
+	p.recorded++
+	seq := p.recorded
+	p.mu.Unlock()
 	select {
 	case p.poke <- struct{}{}:
 	default:
+	}
+	return seq
+}
+
+// ChangedBuffer is Changed for the file of b (buffer.Events.Changed):
+// nothing for a buffer no file holds yet, whose Create is recorded once
+// it has its name.
+func (p *Publisher) ChangedBuffer(b *buffer.Buffer) {
+	if f, ok := b.Aux().(*tree.File); ok {
+		p.Changed(f)
+	}
+}
+
+// Published says whether n has a key in etcd: a file, or any file under
+// a directory (the answer is then yes: its files are not counted).
+func (p *Publisher) Published(n tree.Node) bool {
+	f, ok := n.(*tree.File)
+	if !ok {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok = p.pubs[f]
+	return ok
+}
+
+// Wait waits until the changes recorded up to seq are in etcd, or etcd
+// is found unreachable, or opTimeout has passed.
+func (p *Publisher) Wait(seq uint64) {
+	timeout := time.NewTimer(opTimeout)
+	defer timeout.Stop()
+	for {
+		p.mu.Lock()
+		if p.passed >= seq || p.down {
+			p.mu.Unlock()
+			return
+		}
+		ch := p.passCh
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timeout.C:
+			return
+		case <-p.done:
+			return
+		}
 	}
 }
 
@@ -116,71 +211,44 @@ func (p *Publisher) Close() error {
 
 func (p *Publisher) run() {
 	defer close(p.done)
-	// Every pass renews the lease, so a third of its TTL apart; changes
-	// poke a pass at once (registrations, deregistrations, renames).
+	// A third of the TTL apart, a pass renews the lease; changes poke a
+	// pass at once.
 	tick := time.NewTicker(p.opt.Lease / 3)
 	defer tick.Stop()
+	renew := true
 	for {
-		p.reconcile()
+		p.pass(renew)
 		select {
 		case <-p.stop:
 			return
 		case <-p.poke:
+			renew = false
 		case <-tick.C:
+			renew = true
 		}
 	}
 }
 
-// want is what etcd should hold: a key for every registered buffer with
-// remote access, while remote access is on.
-func (p *Publisher) want() map[string]string {
-	out := map[string]string{}
-	listen := ""
-	if p.opt.Listen != nil {
-		listen = p.opt.Listen()
-	}
-	if listen == "" {
-		return out
-	}
-	var walk func(d *tree.Dir)
-	walk = func(d *tree.Dir) {
-		for _, e := range d.Entries() {
-			switch n := e.Node.(type) {
-			case *tree.Dir:
-				walk(n)
-			case *tree.File:
-				desc, info, ok := p.opt.Describe(n.Buffer())
-				if !ok || info.Access&remoteAccess == 0 {
-					continue
-				}
-				var v map[string]any
-				if json.Unmarshal(desc, &v) != nil {
-					continue
-				}
-				v["host"], v["listen"], v["pd_path"] = p.opt.Host, listen, d.Path()
-				b, _ := json.Marshal(v)
-				out[p.key(path.Join(d.Path(), e.Name))] = string(b)
-			}
-		}
-	}
-	walk(p.opt.Tree.Root())
-	return out
-}
+// pass takes the change records and makes etcd hold what they say; a
+// failure puts them back for the next pass.
+func (p *Publisher) pass(renew bool) {
+	p.mu.Lock()
+	files, dirs, seq := p.files, p.dirs, p.recorded
+	p.files, p.dirs = map[*tree.File]struct{}{}, map[*tree.Dir]struct{}{}
+	down := p.down
+	p.mu.Unlock()
 
-// key is the etcd key of the buffer at path in the mount.
-func (p *Publisher) key(inMount string) string {
-	return strings.TrimSuffix(p.opt.Prefix, "/") + "/" + p.opt.Host + inMount
-}
+	err := p.apply(files, dirs, renew || down)
 
-// reconcile makes etcd hold want(): puts what is new or changed under
-// the lease, deletes what is gone. A failure leaves it for the next
-// round; a lease that is lost (etcd restarted without it, or down past
-// its TTL) is replaced and everything put again.
-func (p *Publisher) reconcile() {
-	want := p.want()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.reconcileLocked(want); err != nil {
+	if err != nil {
+		for f := range files {
+			p.files[f] = struct{}{}
+		}
+		for d := range dirs {
+			p.dirs[d] = struct{}{}
+		}
 		if !p.down {
 			p.opt.Log.Warn("publish: etcd unreachable; the mount goes on, publication resumes when it is back",
 				"endpoints", p.opt.Endpoints, "err", err)
@@ -189,73 +257,200 @@ func (p *Publisher) reconcile() {
 		return
 	}
 	if p.down {
-		p.opt.Log.Info("publish: etcd is back; published again", "keys", len(p.published))
+		p.opt.Log.Info("publish: etcd is back; published again", "keys", len(p.pubs))
 		p.down = false
 	}
+	p.passed = seq
+	close(p.passCh)
+	p.passCh = make(chan struct{})
 }
 
-func (p *Publisher) reconcileLocked(want map[string]string) error {
+// apply renews the lease when asked to, starts over when there is none
+// or the keys' listen address changed, and publishes the files recorded
+// (those under dirs too). Only the loop calls it.
+func (p *Publisher) apply(files map[*tree.File]struct{}, dirs map[*tree.Dir]struct{}, renew bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	if p.lease != 0 {
-		// A lease etcd no longer has (expired while unreachable) cannot
-		// carry keys: start over with a new one.
-		if r, err := p.client.TimeToLive(ctx, p.lease); err != nil {
-			return err
-		} else if r.TTL <= 0 {
-			p.lease, p.published = 0, map[string]string{}
-		} else if _, err := p.client.KeepAliveOnce(ctx, p.lease); err != nil {
+	listen := ""
+	if p.opt.Listen != nil {
+		listen = p.opt.Listen()
+	}
+	p.mu.Lock()
+	lease := p.lease
+	fresh := lease == 0 || listen != p.listen
+	p.mu.Unlock()
+	if lease != 0 && renew {
+		if _, err := p.client.KeepAliveOnce(ctx, lease); errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// Expired while etcd was unreachable: its keys went with it.
+			lease, fresh = 0, true
+		} else if err != nil {
 			return err
 		}
 	}
-	if p.lease == 0 {
+	if lease == 0 {
 		r, err := p.client.Grant(ctx, int64(p.opt.Lease/time.Second))
 		if err != nil {
 			return err
 		}
-		p.lease = r.ID
-		// Keys a dead daemon of this host left under its old lease go
-		// with that lease; any other of this host's is stale too.
-		if _, err := p.client.Delete(ctx, p.key("/"), clientv3.WithPrefix()); err != nil {
-			p.lease = 0
+		lease = r.ID
+	}
+	if fresh {
+		// Keys this mount left (a daemon before this one, a lease lost)
+		// go, and the whole tree is published again.
+		if err := p.clearOwn(ctx); err != nil {
 			return err
 		}
+		p.mu.Lock()
+		p.lease, p.listen = lease, listen
+		p.pubs, p.owner = map[*tree.File]pub{}, map[string]*tree.File{}
+		p.mu.Unlock()
+		dirs = map[*tree.Dir]struct{}{p.opt.Tree.Root(): {}}
 	}
-	published := maps.Clone(p.published)
-	for k, v := range want {
-		if published[k] == v {
-			continue
+	for d := range dirs {
+		walk(d, func(f *tree.File) { files[f] = struct{}{} })
+	}
+	return p.publish(ctx, files, listen, lease)
+}
+
+// walk calls fn for every file under d.
+func walk(d *tree.Dir, fn func(*tree.File)) {
+	for _, e := range d.Entries() {
+		switch n := e.Node.(type) {
+		case *tree.Dir:
+			walk(n, fn)
+		case *tree.File:
+			fn(n)
 		}
-		if _, err := p.client.Put(ctx, k, v, clientv3.WithLease(p.lease)); err != nil {
+	}
+}
+
+// clearOwn deletes the keys of this mount's name (whatever their lease):
+// those of another mount of this host have another name and stay.
+func (p *Publisher) clearOwn(ctx context.Context) error {
+	r, err := p.client.Get(ctx, p.base+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return err
+	}
+	var ops []clientv3.Op
+	for _, kv := range r.Kvs {
+		ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+	}
+	return p.commit(ctx, ops)
+}
+
+// commit runs ops in transactions of at most maxTxnOps.
+func (p *Publisher) commit(ctx context.Context, ops []clientv3.Op) error {
+	for len(ops) > 0 {
+		n := min(len(ops), maxTxnOps)
+		if _, err := p.client.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
 			return err
 		}
-		published[k] = v
+		ops = ops[n:]
 	}
-	for k := range published {
-		if _, ok := want[k]; ok {
-			continue
-		}
-		if _, err := p.client.Delete(ctx, k); err != nil {
-			return err
-		}
-		delete(published, k)
-	}
-	p.published = published
 	return nil
+}
+
+// publish makes etcd hold, for each of files, its key if it is to be
+// published and nothing otherwise: deletes first (a file renamed over
+// another takes its key), then puts.
+func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, listen string, lease clientv3.LeaseID) error {
+	type put struct {
+		f *tree.File
+		pub
+	}
+	var dels []*tree.File
+	puts := map[string]put{}
+	p.mu.Lock()
+	for f := range files {
+		cur, had := p.pubs[f]
+		p.mu.Unlock()
+		want, ok := p.want(f, listen)
+		p.mu.Lock()
+		if had && (!ok || want.key != cur.key) {
+			dels = append(dels, f)
+		}
+		if ok && want != cur {
+			puts[want.key] = put{f, want}
+		}
+	}
+	p.mu.Unlock()
+
+	var ops []clientv3.Op
+	for _, f := range dels {
+		ops = append(ops, clientv3.OpDelete(p.pubs[f].key))
+	}
+	if err := p.commit(ctx, ops); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	for _, f := range dels {
+		if k := p.pubs[f].key; p.owner[k] == f {
+			delete(p.owner, k)
+		}
+		delete(p.pubs, f)
+	}
+	p.mu.Unlock()
+
+	ops = ops[:0]
+	for _, w := range puts {
+		ops = append(ops, clientv3.OpPut(w.key, w.value, clientv3.WithLease(lease)))
+	}
+	if err := p.commit(ctx, ops); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range puts {
+		if prev := p.owner[w.key]; prev != nil && prev != w.f {
+			delete(p.pubs, prev) // its key is w's now
+		}
+		p.owner[w.key] = w.f
+		p.pubs[w.f] = w.pub
+	}
+	return nil
+}
+
+// want is what etcd should hold for f: its key and value when it is
+// registered with remote access and remote access is on.
+func (p *Publisher) want(f *tree.File, listen string) (pub, bool) {
+	if listen == "" {
+		return pub{}, false
+	}
+	inMount, ok := f.Path()
+	if !ok {
+		return pub{}, false
+	}
+	desc, info, ok := p.opt.Describe(f.Buffer())
+	if !ok || info.Access&remoteAccess == 0 {
+		return pub{}, false
+	}
+	var v map[string]any
+	if json.Unmarshal(desc, &v) != nil {
+		return pub{}, false
+	}
+	v["host"], v["mount"], v["path"] = p.opt.Host, strings.Trim(p.opt.Mount, "/"), inMount
+	v["listen"], v["pd_path"] = listen, path.Dir(inMount)
+	b, _ := json.Marshal(v)
+	return pub{p.base + inMount, string(b)}, true
 }
 
 // Entry is one published buffer, as a peer finds it.
 type Entry struct {
-	Key        string // <prefix>/<host>/<path>
-	Host, Path string // the host and the buffer's path in its mount
-	Listen     string // "TRANSPORT HOST:PORT" to connect to
-	PDPath     string // the directory to name (whose token the peer needs)
-	Generation uint64
-	Value      []byte // the whole value: the desc and the fields above
+	Key         string // <prefix>/<host>/<mount>/<path>
+	Name        string // the key without the prefix: what --name takes
+	Host, Mount string // the host and the mount's name there
+	Path        string // the buffer's path in its mount
+	Listen      string // "TRANSPORT HOST:PORT" to connect to
+	PDPath      string // the directory to name (whose token the peer needs)
+	Generation  uint64
+	Value       []byte // the whole value: the desc and the fields above
 }
 
 // fields are what Entry reads of a value.
 type fields struct {
+	Host       string `json:"host"`
+	Mount      string `json:"mount"`
+	Path       string `json:"path"`
 	Listen     string `json:"listen"`
 	PDPath     string `json:"pd_path"`
 	Generation uint64 `json:"generation"`
@@ -293,7 +488,7 @@ func (c *Client) List(ctx context.Context) ([]Entry, error) {
 	return out, nil
 }
 
-// Lookup is the buffer published as name, "HOST/PATH".
+// Lookup is the buffer published as name, "HOST/MOUNT/PATH".
 func (c *Client) Lookup(ctx context.Context, name string) (Entry, error) {
 	key := c.prefix + "/" + strings.TrimPrefix(name, "/")
 	r, err := c.c.Get(ctx, key)
@@ -311,6 +506,6 @@ func (c *Client) entry(key string, v []byte) (Entry, error) {
 	if err := json.Unmarshal(v, &f); err != nil {
 		return Entry{}, fmt.Errorf("%s: not a published buffer: %w", key, err)
 	}
-	host, p, _ := strings.Cut(strings.TrimPrefix(key, c.prefix+"/"), "/")
-	return Entry{Key: key, Host: host, Path: "/" + p, Listen: f.Listen, PDPath: f.PDPath, Generation: f.Generation, Value: v}, nil
+	return Entry{Key: key, Name: strings.TrimPrefix(key, c.prefix+"/"), Host: f.Host, Mount: f.Mount, Path: f.Path,
+		Listen: f.Listen, PDPath: f.PDPath, Generation: f.Generation, Value: v}, nil
 }

@@ -100,8 +100,8 @@ func waitPeers(t *testing.T, h testHost, url string, timeout time.Duration, want
 // TestMultiHost: two hosts, each a network namespace with its own name,
 // a real etcd on the first, one mrfs mount per host with [remote] and
 // [publish]. A peer on host a finds a buffer of host b by name and
-// writes to it, and b reads the bytes through the file; rm on b makes
-// the key vanish and the next write by name fail; a peer on a that
+// writes to it, and b reads the bytes through the file; rm on b has
+// made the key vanish when it returns, and the next write by name fails; a peer on a that
 // guesses b's token is refused, also with the right one then, and b's
 // log names it; SIGKILL of b's daemon lets its keys expire with the
 // lease.
@@ -115,19 +115,19 @@ func TestMultiHost(t *testing.T) {
 	remoteOn := func(h testHost) string {
 		return fmt.Sprintf("listen = \"%s:0\"\nallow_from = [\"%s\"]\nmax_failures = 3\n", h.addr, a.network())
 	}
-	publishTo := fmt.Sprintf("endpoints = [%q]\nprefix = \"/mrfs-mh\"\nlease = \"3s\"", e.url)
+	publishTo := fmt.Sprintf("endpoints = [%q]\nprefix = \"/mrfs-mh\"\nlease = \"3s\"\nname = \"mr\"", e.url)
 	da := startDaemon(t, daemonConfig{Wrapper: a.in(), Remote: remoteOn(a), Publish: publishTo})
 	db := startDaemon(t, daemonConfig{Wrapper: b.in(), Remote: remoteOn(b), Publish: publishTo})
 	remoteBuf(t, da.path("mine"), 4096, allRemote)
 	shared := db.path("shared")
 	remoteBuf(t, shared, 8192, allRemote)
 	remoteBuf(t, db.path("other"), 4096, "local_write,remote_read")
-	waitPeers(t, a, e.url, 10*time.Second, "hosta/mine", "hostb/other", "hostb/shared")
+	waitPeers(t, a, e.url, 10*time.Second, "hosta/mr/mine", "hostb/mr/other", "hostb/mr/shared")
 
 	// A write by name from host a lands in host b's buffer.
 	tok := mustXattr(t, db.mnt, xToken)
 	write := func(tok string) (string, error) {
-		argv := a.in(mrfsBin, "remote", "write", "--name", "hostb/shared", "--offset", "64",
+		argv := a.in(mrfsBin, "remote", "write", "--name", "hostb/mr/shared", "--offset", "64",
 			"--endpoints", e.url, "--prefix", "/mrfs-mh")
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), "MRFS_TOKEN="+tok)
@@ -142,19 +142,20 @@ func TestMultiHost(t *testing.T) {
 		t.Fatalf("host b's file holds %q (%v), want the write from host a", got[64:76], err)
 	}
 
-	// rm on the owner: the key goes, the next write by name fails.
+	// rm on the owner: the key is gone when rm returns, the next write
+	// by name fails.
 	if err := os.Remove(shared); err != nil {
 		t.Fatal(err)
 	}
-	waitPeers(t, a, e.url, 2*time.Second*slowFactor(), "hosta/mine", "hostb/other")
-	if out, err := write(tok); exitCode(err) != 1 || !strings.Contains(out, "no buffer is published as hostb/shared") {
+	waitPeers(t, a, e.url, 0, "hosta/mr/mine", "hostb/mr/other")
+	if out, err := write(tok); exitCode(err) != 1 || !strings.Contains(out, "no buffer is published as hostb/mr/shared") {
 		t.Errorf("a write by name after rm: %v: %s; want exit 1, not published", err, out)
 	}
 
 	// A peer on host a guessing host b's token: refused, then refused
 	// even with the right one, and host b's log names the source.
 	remoteBuf(t, shared, 8192, allRemote)
-	waitPeers(t, a, e.url, 5*time.Second, "hosta/mine", "hostb/other", "hostb/shared")
+	waitPeers(t, a, e.url, 5*time.Second, "hosta/mr/mine", "hostb/mr/other", "hostb/mr/shared")
 	for i := range 3 {
 		if out, err := write(fmt.Sprintf("%032x", i)); exitCode(err) != 1 || !strings.Contains(out, "wrong token") {
 			t.Fatalf("guess %d: %v: %s; want exit 1, wrong token", i, err, out)
@@ -171,5 +172,5 @@ func TestMultiHost(t *testing.T) {
 	// SIGKILL of host b's daemon: its keys expire with its lease.
 	db.stoppedByTest = true
 	db.kill()
-	waitPeers(t, a, e.url, 3*time.Second+5*time.Second*slowFactor(), "hosta/mine")
+	waitPeers(t, a, e.url, 3*time.Second+5*time.Second*slowFactor(), "hosta/mr/mine")
 }

@@ -188,11 +188,13 @@ func (e *etcdServer) waitKeys(prefix string, timeout time.Duration, want ...stri
 func TestPublish(t *testing.T) {
 	e := startEtcd(t)
 	host, _ := os.Hostname()
-	prefix := "/mrfs-test/" + host
 	publish := func(lease string) string {
 		return fmt.Sprintf("endpoints = [%q]\nprefix = \"/mrfs-test\"\nlease = %q", e.url, lease)
 	}
 	d := startDaemon(t, daemonConfig{Remote: backend.listen(), Publish: publish("30s")})
+	// The mount's name in the keys is its mount point's.
+	name := host + "/" + strings.Trim(d.mnt, "/")
+	prefix := "/mrfs-test/" + name
 	where := strings.SplitN(mustXattr(t, d.mnt, xRemote), " ", 3)
 	makeBuffer(t, d.path("local"), 4096)
 	a := d.path("a")
@@ -213,9 +215,10 @@ func TestPublish(t *testing.T) {
 			t.Errorf("published %s = %v, desc has %v", k, v[k], desc[k])
 		}
 	}
-	if v["host"] != host || v["listen"] != where[0]+" "+where[1] || v["pd_path"] != "/" || got[prefix+"/tenant/b"]["pd_path"] != "/tenant" {
-		t.Errorf("published host %v, listen %v, pd_path %v / %v; want %s, %q, / and /tenant",
-			v["host"], v["listen"], v["pd_path"], got[prefix+"/tenant/b"]["pd_path"], host, where[0]+" "+where[1])
+	if v["host"] != host || v["mount"] != strings.Trim(d.mnt, "/") || v["path"] != "/a" || v["listen"] != where[0]+" "+where[1] ||
+		v["pd_path"] != "/" || got[prefix+"/tenant/b"]["pd_path"] != "/tenant" {
+		t.Errorf("published host %v, mount %v, path %v, listen %v, pd_path %v / %v; want %s, %s, /a, %q, / and /tenant",
+			v["host"], v["mount"], v["path"], v["listen"], v["pd_path"], got[prefix+"/tenant/b"]["pd_path"], host, d.mnt, where[0]+" "+where[1])
 	}
 	if _, ok := v["token"]; ok {
 		t.Error("a token is published")
@@ -226,13 +229,13 @@ func TestPublish(t *testing.T) {
 	// generation that is not the buffer's any more is refused.
 	etcd := fmt.Sprintf("--endpoints %s --prefix /mrfs-test", e.url)
 	out := mustSh(t, "mrfs peers "+etcd)
-	for _, name := range []string{"/a", "/tenant/b", "/r"} {
-		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(host+name) + `\s+` + regexp.QuoteMeta(where[0]+" "+where[1]) + `\s`).MatchString(out) {
-			t.Errorf("mrfs peers lacks %s%s at %s %s:\n%s", host, name, where[0], where[1], out)
+	for _, p := range []string{"/a", "/tenant/b", "/r"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name+p) + `\s+` + regexp.QuoteMeta(where[0]+" "+where[1]) + `\s`).MatchString(out) {
+			t.Errorf("mrfs peers lacks %s%s at %s %s:\n%s", name, p, where[0], where[1], out)
 		}
 	}
 	tok := mustXattr(t, d.mnt, xToken)
-	mustSh(t, fmt.Sprintf("printf 'by name' | MRFS_TOKEN=%s mrfs remote write --name '%s/a' --offset 100 %s", tok, host, etcd))
+	mustSh(t, fmt.Sprintf("printf 'by name' | MRFS_TOKEN=%s mrfs remote write --name '%s/a' --offset 100 %s", tok, name, etcd))
 	if b, err := os.ReadFile(a); err != nil || string(b[100:107]) != "by name" {
 		t.Errorf("the write by name did not land: %q, %v", b[100:107], err)
 	}
@@ -246,11 +249,11 @@ func TestPublish(t *testing.T) {
 			t.Fatalf("the new generation of %s was not published", a)
 		}
 	}
-	if _, errOut, err := sh(t, fmt.Sprintf("MRFS_TOKEN=%s mrfs remote read --name '%s/a' --generation %s --length 1 %s", tok, host, gen, etcd)); exitCode(err) != 1 || !strings.Contains(errOut, "not "+gen) {
+	if _, errOut, err := sh(t, fmt.Sprintf("MRFS_TOKEN=%s mrfs remote read --name '%s/a' --generation %s --length 1 %s", tok, name, gen, etcd)); exitCode(err) != 1 || !strings.Contains(errOut, "not "+gen) {
 		t.Errorf("mrfs remote --generation %s after a re-registration: exit %d, %q; want exit 1, refused", gen, exitCode(err), errOut)
 	}
 	// A re-registration between its own lookup and the operation: refused.
-	cmd := exec.Command(mrfsBin, strings.Fields(fmt.Sprintf("remote read --name %s/a --length 1 %s", host, etcd))...)
+	cmd := exec.Command(mrfsBin, strings.Fields(fmt.Sprintf("remote read --name %s/a --length 1 %s", name, etcd))...)
 	cmd.Env = append(os.Environ(), "MRFS_TEST_PAUSE_AFTER_LOOKUP=2s", "MRFS_TOKEN="+tok)
 	var lookupErr syncBuffer
 	cmd.Stderr = &lookupErr
@@ -268,17 +271,26 @@ func TestPublish(t *testing.T) {
 		t.Errorf("a re-registration between lookup and use: exit %d, %q; want exit 1, refused", code, lookupErr.String())
 	}
 
-	atOnce := 900 * time.Millisecond * slowFactor()
+	// A removal is in etcd before the call that made it returns.
+	gone := func(what, key string) {
+		t.Helper()
+		if now, err := e.published(prefix); err != nil {
+			t.Fatal(err)
+		} else if _, ok := now[prefix+key]; ok {
+			t.Errorf("%s: the key %s is still there when the call returned", what, key)
+		}
+	}
 	mustSetxattr(t, a, xAccess, "local_write")
-	e.waitKeys(prefix, atOnce, "/tenant/b", "/r")
+	gone("remote access removed", "/a")
 	if err := os.Remove(d.path("tenant", "b")); err != nil {
 		t.Fatal(err)
 	}
-	e.waitKeys(prefix, atOnce, "/r")
+	gone("rm", "/tenant/b")
 	if err := os.Rename(d.path("r"), d.path("renamed")); err != nil {
 		t.Fatal(err)
 	}
-	e.waitKeys(prefix, atOnce, "/renamed")
+	gone("mv", "/r")
+	e.waitKeys(prefix, 900*time.Millisecond*slowFactor(), "/renamed")
 
 	// etcd down: the mount goes on; back: what changed is published.
 	e.stop()
@@ -299,6 +311,7 @@ func TestPublish(t *testing.T) {
 
 	// A daemon killed: its keys expire with its lease.
 	k := startDaemon(t, daemonConfig{Remote: backend.listen(), Publish: publish("3s")})
+	prefix = "/mrfs-test/" + host + "/" + strings.Trim(k.mnt, "/")
 	remoteBuf(t, k.path("x"), 4096, allRemote)
 	e.waitKeys(prefix, 5*time.Second, "/x")
 	k.stoppedByTest = true
@@ -339,4 +352,37 @@ func TestPublishTokenSource(t *testing.T) {
 	if h, ok := fake.hello(5 * time.Second); !ok || fmt.Sprintf("%x", h.Token) != user || h.Path != d.mnt {
 		t.Errorf("--name with MRFS_TOKEN: hello %v for %q with token %x; want the user's token for %q, as published", ok, h.Path, h.Token, d.mnt)
 	}
+}
+
+// TestPublishTwoMounts: two mounts on one host, whose names ("m/a" and
+// "m/ab") share a prefix, publish to one etcd. Mount a killed and mounted
+// again under its name: the new daemon's lease clears the keys the dead
+// one left at once (long before its lease of 30 s expires) and publishes
+// its own; mount b's keys stay through all of it, and through a's
+// unmount.
+func TestPublishTwoMounts(t *testing.T) {
+	e := startEtcd(t)
+	host, _ := os.Hostname()
+	publish := func(name string) string {
+		return fmt.Sprintf("endpoints = [%q]\nprefix = \"/mrfs-two\"\nlease = \"30s\"\nname = %q", e.url, name)
+	}
+	prefix := "/mrfs-two/" + host
+	a := startDaemon(t, daemonConfig{Remote: backend.listen(), Publish: publish("m/a")})
+	b := startDaemon(t, daemonConfig{Remote: backend.listen(), Publish: publish("m/ab")})
+	remoteBuf(t, a.path("x"), 4096, allRemote)
+	remoteBuf(t, b.path("y"), 4096, allRemote)
+	e.waitKeys(prefix, 5*time.Second, "/m/a/x", "/m/ab/y")
+
+	a.stoppedByTest = true
+	a.kill()
+	e.waitKeys(prefix, 0, "/m/a/x", "/m/ab/y") // the dead daemon's key lives on with its lease
+	a2 := startDaemon(t, daemonConfig{Remote: backend.listen(), Publish: publish("m/a")})
+	remoteBuf(t, a2.path("z"), 4096, allRemote)
+	e.waitKeys(prefix, 5*time.Second*slowFactor(), "/m/a/z", "/m/ab/y")
+	remoteBuf(t, b.path("w"), 4096, allRemote)
+	e.waitKeys(prefix, 5*time.Second, "/m/a/z", "/m/ab/w", "/m/ab/y")
+	if code := a2.stop(syscall.SIGINT); code != 0 {
+		t.Fatalf("exit %d after SIGINT", code)
+	}
+	e.waitKeys(prefix, 2*time.Second, "/m/ab/w", "/m/ab/y")
 }

@@ -69,9 +69,13 @@ type Options struct {
 	Umask uint32
 	// Log takes what a user must hear of (nil: discarded).
 	Log *slog.Logger
-	// Renamed, when set, is called after every rename, without the
-	// tree's lock held (the publisher of buffers' names hears of them).
-	Renamed func()
+	// Changed, when set, hears of every node whose name, existence or
+	// keys changed through the tree: a file created, unlinked (also by a
+	// rename over it), renamed or given an access; a directory renamed
+	// or its pool's default_access set (every file under it changed).
+	// It is called after the change, with no lock held, and may block:
+	// the publisher waits there until a removed file's key is gone.
+	Changed func(Node)
 }
 
 // Tree is the namespace of one mount.
@@ -195,6 +199,45 @@ func (f *File) DirPath() string {
 	return p.Path()
 }
 
+// Path is the file's path from the mount's root; ok is false once it
+// was unlinked.
+func (f *File) Path() (p string, ok bool) {
+	f.t.mu.RLock()
+	dir, name := f.parent, f.name
+	f.t.mu.RUnlock()
+	if dir == nil {
+		return "", false
+	}
+	return path.Join(dir.Path(), name), true
+}
+
+// Dir is the file's directory; ok is false once it was unlinked.
+func (f *File) Dir() (d *Dir, ok bool) {
+	f.t.mu.RLock()
+	defer f.t.mu.RUnlock()
+	return f.parent, f.parent != nil
+}
+
+// SetAccess re-registers the file's buffer with a (buffer.SetAccess).
+func (f *File) SetAccess(a verbs.Access) error {
+	err := f.buf.SetAccess(a)
+	if err == nil {
+		f.t.changed(f)
+	}
+	return err
+}
+
+// SetDefaultAccess sets the access d's new files get; in a pool, whose
+// files share its chunks' registration, every file's keys change too
+// (buffer.Domain.SetDefaultAccess).
+func (d *Dir) SetDefaultAccess(a verbs.Access) error {
+	err := d.dom.SetDefaultAccess(a)
+	if err == nil && d.dom.Pool() != nil {
+		d.t.changed(d)
+	}
+	return err
+}
+
 // Unlinked reports whether the file was removed from the namespace (by
 // unlink or by a rename over it); something may still hold it open.
 func (f *File) Unlinked() bool { return f.unlinked.Load() }
@@ -276,6 +319,7 @@ func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) 
 		return nil, fmt.Errorf("create %q: %w", name, err)
 	}
 	f := &File{buf: buf, t: d.t}
+	buf.SetAux(f)
 	f.meta = newMeta(owner, d.t.perm(mode))
 	if prepare != nil {
 		err = prepare(f)
@@ -290,7 +334,18 @@ func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) 
 		return nil, fmt.Errorf("create %q: %w", name, err)
 	}
 	d.Touch(true)
+	d.t.changed(f)
 	return f, nil
+}
+
+// changed tells Options.Changed of ns.
+func (t *Tree) changed(ns ...Node) {
+	if t.opt.Changed == nil {
+		return
+	}
+	for _, n := range ns {
+		t.opt.Changed(n)
+	}
 }
 
 // link publishes n under name, unless the name was taken meanwhile.
@@ -422,12 +477,20 @@ func (d *Dir) Rmdir(name string) error {
 // leaves the name. The name goes once the buffer is freed: until then
 // (a registration of the file under way) other calls see it still.
 func (d *Dir) Unlink(name string) error {
+	f, err := d.unlink(name)
+	if err == nil {
+		d.t.changed(f)
+	}
+	return err
+}
+
+func (d *Dir) unlink(name string) (*File, error) {
 	t := d.t
 	t.mu.Lock()
 	f, err := idleEntryLocked[*File](d, name, "unlink", syscall.EISDIR)
 	if err != nil {
 		t.mu.Unlock()
-		return err
+		return nil, err
 	}
 	done := t.markLocked(f)
 	t.mu.Unlock()
@@ -438,7 +501,7 @@ func (d *Dir) Unlink(name string) error {
 	defer t.mu.Unlock()
 	defer done()
 	if err != nil {
-		return fmt.Errorf("unlink %q: %w", name, err)
+		return nil, fmt.Errorf("unlink %q: %w", name, err)
 	}
 	f.unlinked.Store(true)
 	// Busy, the file kept its name: every other call that changes names
@@ -447,7 +510,7 @@ func (d *Dir) Unlink(name string) error {
 		p.removeLocked(f.name)
 		p.Touch(true)
 	}
-	return nil
+	return f, nil
 }
 
 // idleEntryLocked is d's entry name as a T, once no unlink or rename
@@ -523,10 +586,8 @@ const (
 // could each fail halfway). The kernel itself refuses moving a directory
 // into its own subtree.
 func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error {
-	err := d.rename(name, dst, newName, flags)
-	if err == nil && d.t.opt.Renamed != nil {
-		d.t.opt.Renamed()
-	}
+	moved, err := d.rename(name, dst, newName, flags)
+	d.t.changed(moved...)
 	return err
 }
 
@@ -534,26 +595,33 @@ func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error 
 // call took its new name while it worked on the buffers.
 const maxRenameTries = 8
 
-func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) error {
+// rename is Rename; moved are the nodes whose names changed or went.
+func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) (moved []Node, err error) {
 	if err := checkName(newName); err != nil {
-		return fmt.Errorf("rename: %w", err)
+		return nil, fmt.Errorf("rename: %w", err)
 	}
 	if dst.t != d.t {
-		return fmt.Errorf("rename to another mount: %w", syscall.EXDEV)
+		return nil, fmt.Errorf("rename to another mount: %w", syscall.EXDEV)
 	}
 	t := d.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for try := 0; ; try++ {
-		p, err := d.planLocked(name, dst, newName, flags)
+		p, moved, err := d.planLocked(name, dst, newName, flags)
 		if err != nil || p == nil {
-			return err // done under the lock, or refused
+			return moved, err // done under the lock, or refused
 		}
 		if try == maxRenameTries {
-			return fmt.Errorf("rename %q: its new name keeps being taken: %w", name, syscall.EBUSY)
+			return nil, fmt.Errorf("rename %q: its new name keeps being taken: %w", name, syscall.EBUSY)
 		}
-		if again, err := p.run(); err != nil || !again {
-			return err
+		if again, err := p.run(); err != nil {
+			return nil, err
+		} else if !again {
+			moved = []Node{p.src}
+			if p.old != nil {
+				moved = append(moved, p.old)
+			}
+			return moved, nil
 		}
 	}
 }
@@ -570,43 +638,43 @@ type renamePlan struct {
 }
 
 // planLocked checks a rename and does it at once when no buffer is to be
-// waited for (it returns a nil plan then); otherwise it returns the plan
-// for the buffer work. A busy entry is waited for first. Callers hold
-// t.mu.
-func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*renamePlan, error) {
+// waited for (it returns a nil plan then, and the nodes it moved);
+// otherwise it returns the plan for the buffer work. A busy entry is
+// waited for first. Callers hold t.mu.
+func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*renamePlan, []Node, error) {
 	t := d.t
 	for {
 		src := d.entries[name]
 		if src == nil {
-			return nil, fmt.Errorf("rename %q: %w", name, syscall.ENOENT)
+			return nil, nil, fmt.Errorf("rename %q: %w", name, syscall.ENOENT)
 		}
 		old := dst.entries[newName]
 		if old == src {
-			return nil, nil
+			return nil, nil, nil
 		}
 		if t.waitLocked(src) || old != nil && t.waitLocked(old) || t.waitLocked(dst) {
 			continue
 		}
 		if dst != t.root && dst.parent == nil {
-			return nil, fmt.Errorf("rename %q: the directory of %q was removed: %w", name, newName, syscall.ENOENT)
+			return nil, nil, fmt.Errorf("rename %q: the directory of %q was removed: %w", name, newName, syscall.ENOENT)
 		}
 		if d != dst && (d.dom.Pool() != nil || dst.dom.Pool() != nil) {
 			// A pool's files are slots of its registration (mv copies).
-			return nil, fmt.Errorf("rename %q into or out of a pool: %w", name, syscall.EXDEV)
+			return nil, nil, fmt.Errorf("rename %q into or out of a pool: %w", name, syscall.EXDEV)
 		}
 		_, srcIsDir := src.(*Dir)
 		switch {
 		case flags&RenameExchange != 0:
 			if flags&^RenameExchange != 0 {
-				return nil, fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
+				return nil, nil, fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
 			}
 			if old == nil {
-				return nil, fmt.Errorf("exchange %q with %q: %w", name, newName, syscall.ENOENT)
+				return nil, nil, fmt.Errorf("exchange %q with %q: %w", name, newName, syscall.ENOENT)
 			}
 			_, srcFile := src.(*File)
 			_, oldFile := old.(*File)
 			if d.dom != dst.dom && (srcFile || oldFile) {
-				return nil, fmt.Errorf("exchange %q and %q between PDs %d and %d: %w", name, newName, d.dom.PD(), dst.dom.PD(), syscall.EINVAL)
+				return nil, nil, fmt.Errorf("exchange %q and %q between PDs %d and %d: %w", name, newName, d.dom.PD(), dst.dom.PD(), syscall.EINVAL)
 			}
 			d.removeLocked(name)
 			dst.removeLocked(newName)
@@ -614,25 +682,25 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 			dst.addLocked(newName, src)
 			d.Touch(true)
 			dst.Touch(true)
-			return nil, nil
+			return nil, []Node{src, old}, nil
 		case flags&^RenameNoReplace != 0:
-			return nil, fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
+			return nil, nil, fmt.Errorf("rename: flags 0x%x: %w", flags, syscall.EINVAL)
 		case flags&RenameNoReplace != 0 && old != nil:
-			return nil, fmt.Errorf("rename %q: %q exists: %w", name, newName, syscall.EEXIST)
+			return nil, nil, fmt.Errorf("rename %q: %q exists: %w", name, newName, syscall.EEXIST)
 		}
 		p := &renamePlan{d: d, dst: dst, name: name, newName: newName, src: src}
 		switch o := old.(type) {
 		case *File:
 			if srcIsDir {
-				return nil, fmt.Errorf("rename directory %q over file %q: %w", name, newName, syscall.ENOTDIR)
+				return nil, nil, fmt.Errorf("rename directory %q over file %q: %w", name, newName, syscall.ENOTDIR)
 			}
 			p.old = o
 		case *Dir:
 			if !srcIsDir {
-				return nil, fmt.Errorf("rename file %q over directory %q: %w", name, newName, syscall.EISDIR)
+				return nil, nil, fmt.Errorf("rename file %q over directory %q: %w", name, newName, syscall.EISDIR)
 			}
 			if len(o.entries) > 0 {
-				return nil, fmt.Errorf("rename %q over %q: %w", name, newName, syscall.ENOTEMPTY)
+				return nil, nil, fmt.Errorf("rename %q over %q: %w", name, newName, syscall.ENOTEMPTY)
 			}
 			p.oldDir = o
 		}
@@ -641,9 +709,9 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 		}
 		if p.old == nil && p.oldDir == nil && p.move == nil {
 			p.commitLocked()
-			return nil, nil
+			return nil, []Node{src}, nil
 		}
-		return p, nil
+		return p, nil, nil
 	}
 }
 

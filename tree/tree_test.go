@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,12 +29,18 @@ const allRemote = verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead | verb
 // buffer is registered in. maxMR 0 is rxe's.
 func newTree(t *testing.T, size uint64, maxMR int) *tree.Tree {
 	t.Helper()
+	return newTreeWith(t, size, maxMR, nil)
+}
+
+// newTreeWith is newTree with changed as Options.Changed.
+func newTreeWith(t *testing.T, size uint64, maxMR int, changed func(tree.Node)) *tree.Tree {
+	t.Helper()
 	dev, err := soft.New(soft.Options{MaxMR: maxMR}).Open("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	mgr := buffer.NewManager(dev, buffer.Options{Allowed: allRemote}, nil)
-	tr, err := tree.New(mgr, tree.Options{DefaultSize: size, DefaultAccess: allRemote, Umask: 0o022},
+	tr, err := tree.New(mgr, tree.Options{DefaultSize: size, DefaultAccess: allRemote, Umask: 0o022, Changed: changed},
 		allRemote, tree.Owner{UID: 7, GID: 8}, 0o755)
 	if err != nil {
 		t.Fatal(err)
@@ -790,4 +798,96 @@ func TestNoNamespaceLockWhileRemovingADirectory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChanged: every change of a name, an existence or a file's keys
+// reaches Options.Changed once per node it touched, after the change (the
+// node's path is already the new one, an unlinked file has none); a call
+// that fails or changes none of that reports nothing.
+func TestChanged(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	tr := newTreeWith(t, page, 0, func(n tree.Node) {
+		s := "gone"
+		switch n := n.(type) {
+		case *tree.File:
+			if p, ok := n.Path(); ok {
+				s = p
+			}
+		case *tree.Dir:
+			s = n.Path() + "/"
+		}
+		mu.Lock()
+		got = append(got, s)
+		mu.Unlock()
+	})
+	expect := func(step string, want ...string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: Changed heard %q, want %q", step, got, want)
+		}
+		got = nil
+	}
+	root := tr.Root()
+	create(t, root, "a")
+	expect("create", "/a")
+	create(t, root, "b")
+	d := mkdir(t, root, "d")
+	expect("create b, mkdir", "/b")
+	if _, err := root.Create("b", tree.Owner{}, 0o644, nil); err == nil {
+		t.Fatal("create over an existing name succeeded")
+	}
+	expect("a create refused")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(root.Rename("a", root, "a2", 0))
+	expect("rename", "/a2")
+	must(root.Rename("a2", root, "b", 0))
+	expect("rename over", "/b", "gone")
+	must(root.Rename("b", d, "b", 0))
+	expect("move to another PD", "/d/b")
+	create(t, d, "c")
+	expect("create c", "/d/c")
+	must(d.Rename("b", d, "c", tree.RenameExchange))
+	expect("exchange", "/d/b", "/d/c")
+	wantErrno(t, d.Rename("nope", d, "x", 0), syscall.ENOENT, "rename of a missing name")
+	expect("a rename refused")
+	must(root.Rename("d", root, "e", 0))
+	expect("rename of a directory", "/e/")
+	e, err := tr.Resolve("/e")
+	must(err)
+	n, err := e.Lookup("b")
+	must(err)
+	must(n.(*tree.File).SetAccess(verbs.LocalWrite))
+	expect("access", "/e/b")
+	if n.(*tree.File).SetAccess(verbs.RemoteWrite) == nil { // remote_write needs local_write
+		t.Fatal("an invalid access was set")
+	}
+	expect("an access refused")
+	must(e.SetDefaultAccess(verbs.LocalWrite))
+	expect("default access of a directory that is not a pool")
+	must(e.Unlink("b"))
+	expect("unlink", "gone")
+	wantErrno(t, e.Unlink("b"), syscall.ENOENT, "unlink of a missing name")
+	expect("an unlink refused")
+
+	p := mkdir(t, root, "p")
+	if _, err := p.MakePool(page, 4, 0); err != nil {
+		if os.Geteuid() != 0 {
+			t.Skipf("pools need /proc/self/map_files, which needs root: %v", err)
+		}
+		t.Fatal(err)
+	}
+	create(t, p, "s")
+	expect("a pool file", "/p/s")
+	must(p.SetDefaultAccess(verbs.LocalWrite | verbs.RemoteRead))
+	expect("a pool's default access: new keys for every file", "/p/")
 }

@@ -44,7 +44,7 @@ func commands() []command {
 		{name: "remote", ops: []string{"read", "write", "cas", "fadd"}, run: func(a []string, o, _ io.Writer) error { return cmdRemote(a, o) },
 			summary: "Run one one-sided operation against a peer's mrfs: read prints the bytes, write sends stdin, cas and fadd print the old value."},
 		{name: "peers", run: func(a []string, o, _ io.Writer) error { return cmdPeers(a, o) },
-			summary: "List the buffers of all hosts published to etcd ([publish]): their names (HOST/PATH), where to connect, their PD and generation."},
+			summary: "List the buffers of all hosts published to etcd ([publish]): their names (HOST/MOUNT/PATH), where to connect, their PD and generation."},
 		{name: "completion", args: "bash|zsh|fish", run: cmdCompletion,
 			summary: "Print the shell completion script for bash, zsh or fish."},
 		{name: "man", run: cmdMan,

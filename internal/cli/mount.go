@@ -122,7 +122,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		DefaultAccess: cfg.Buffers.DefaultAccess,
 		Umask:         cfg.Mount.Umask,
 		Log:           log,
-		Renamed:       pub.poke,
+		Changed:       pub.changed,
 	}, cfg.Buffers.DefaultAccess, tree.Owner{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}, 0o755)
 	var srv *fs.Server
 	if err == nil {
@@ -148,7 +148,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		}
 		return err
 	}
-	if err := pub.start(cfg.Publish, tr, remote.Where, log); err != nil {
+	if err := pub.start(cfg.Publish, tr, dir, remote.Where, log); err != nil {
 		log.Error("publish: cannot start; buffers are not published", "err", err)
 	}
 	if !cfg.Mount.ZeroCopy {

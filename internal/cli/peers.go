@@ -68,7 +68,7 @@ func cmdPeers(args []string, stdout io.Writer) error {
 	w := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(w, "NAME\tLISTEN\tPD\tGENERATION")
 	for _, e := range list {
-		fmt.Fprintf(w, "%s%s\t%s\t%s\t%d\n", e.Host, e.Path, e.Listen, e.PDPath, e.Generation)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", e.Name, e.Listen, e.PDPath, e.Generation)
 	}
 	return w.Flush()
 }

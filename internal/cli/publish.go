@@ -3,6 +3,7 @@ package cli
 import (
 	"log/slog"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -13,11 +14,13 @@ import (
 	"mrfs/tree"
 )
 
-// publishing is the mount's [publish]: it hears of registrations and
-// deregistrations (passing them on to the metrics) and tells the
-// publisher, which then reconciles at once (an access removed, a file
-// removed: its key goes). Until the publisher starts, and without
-// [publish], it only passes them on.
+// publishing is the mount's [publish]: it passes the buffers' events on
+// to the metrics and tells the publisher which buffer (Changed) or which
+// node of the tree (changed: tree.Options.Changed) changed. For a node
+// that was published it waits until etcd holds the change, so an rm or
+// an access removed has taken the key away by the time the call returns.
+// Until the publisher starts, and without [publish], it only passes the
+// events on.
 type publishing struct {
 	next buffer.Events // the metrics', or nil
 	p    atomic.Pointer[publish.Publisher]
@@ -29,21 +32,27 @@ func (e *publishing) Registered(n uint64, took time.Duration) {
 	if e.next != nil {
 		e.next.Registered(n, took)
 	}
-	e.poke()
 }
 
 func (e *publishing) Deregistered(n uint64) {
 	if e.next != nil {
 		e.next.Deregistered(n)
 	}
-	e.poke()
 }
 
 func (e *publishing) Slot(taken bool) {
 	if e.next != nil {
 		e.next.Slot(taken)
 	}
-	e.poke()
+}
+
+func (e *publishing) Changed(b *buffer.Buffer) {
+	if e.next != nil {
+		e.next.Changed(b)
+	}
+	if p := e.p.Load(); p != nil {
+		p.ChangedBuffer(b)
+	}
 }
 
 func (e *publishing) LimitHit(limit string) {
@@ -52,14 +61,21 @@ func (e *publishing) LimitHit(limit string) {
 	}
 }
 
-func (e *publishing) poke() {
-	if p := e.p.Load(); p != nil {
-		p.Poke()
+// changed is tree.Options.Changed.
+func (e *publishing) changed(n tree.Node) {
+	p := e.p.Load()
+	if p == nil {
+		return
+	}
+	was := p.Published(n)
+	seq := p.Changed(n)
+	if was {
+		p.Wait(seq)
 	}
 }
 
 // start starts publishing tr to etcd when [publish] has endpoints.
-func (e *publishing) start(cfg config.Publish, tr *tree.Tree, where func() string, log *slog.Logger) error {
+func (e *publishing) start(cfg config.Publish, tr *tree.Tree, mountpoint string, where func() string, log *slog.Logger) error {
 	if len(cfg.Endpoints) == 0 {
 		return nil
 	}
@@ -67,9 +83,13 @@ func (e *publishing) start(cfg config.Publish, tr *tree.Tree, where func() strin
 	if err != nil {
 		return err
 	}
+	name := cfg.Name
+	if name == "" {
+		name = strings.Trim(mountpoint, "/")
+	}
 	mgr := tr.Manager()
 	p, err := publish.Start(publish.Options{
-		Endpoints: cfg.Endpoints, Prefix: cfg.Prefix, Lease: cfg.Lease, Host: host,
+		Endpoints: cfg.Endpoints, Prefix: cfg.Prefix, Lease: cfg.Lease, Host: host, Mount: name,
 		Listen: where, Tree: tr, Log: log,
 		Describe: func(b *buffer.Buffer) ([]byte, buffer.Info, bool) { return fs.Desc(mgr, b) },
 	})
@@ -77,7 +97,7 @@ func (e *publishing) start(cfg config.Publish, tr *tree.Tree, where func() strin
 		return err
 	}
 	e.p.Store(p)
-	log.Info("publishing to etcd", "endpoints", cfg.Endpoints, "prefix", cfg.Prefix, "host", host, "lease", cfg.Lease)
+	log.Info("publishing to etcd", "endpoints", cfg.Endpoints, "prefix", cfg.Prefix, "host", host, "name", name, "lease", cfg.Lease)
 	return nil
 }
 

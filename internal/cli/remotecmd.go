@@ -84,7 +84,7 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	peer := f.String("peer", "", "host:port of the mrfs daemon (its remote.listen, as user.mrfs.remote shows it)")
 	pd := f.String("pd", "", "directory of the peer's mount whose PD to join (/ is its root), or that directory's path where it is mounted here: then --peer and --transport default to what it says, and without --token-file or "+tokenEnv+" its own user.mrfs.token goes to that peer alone")
 	tokenFile := f.String("token-file", "", "read the PD's token (user.mrfs.token of the directory, 32 hex digits) from `FILE`; default: the "+tokenEnv+" environment variable")
-	nameS := f.String("name", "", "HOST/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc); the token must come from --token-file or "+tokenEnv)
+	nameS := f.String("name", "", "HOST/MOUNT/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc); the token must come from --token-file or "+tokenEnv)
 	genS := f.String("generation", "", "with --name: refuse unless the buffer's registration is still this generation (as mrfs peers showed it)")
 	pf := addPublishFlags(f)
 	addrS := f.String("addr", "", "remote address (user.mrfs.addr)")

@@ -26,11 +26,15 @@ type Config struct {
 type Publish struct {
 	// Endpoints (publish.endpoints) are etcd's client URLs; none: off.
 	Endpoints []string
-	// Prefix (publish.prefix) begins every key: <prefix>/<host>/<path>.
+	// Prefix (publish.prefix) begins every key:
+	// <prefix>/<host>/<name>/<path>.
 	Prefix string
 	// Lease (publish.lease) is the TTL of the lease the keys live under:
 	// how long they outlive a daemon that dies.
 	Lease time.Duration
+	// Name (publish.name) is the mount's name in the keys; "": the mount
+	// point, without its leading slash.
+	Name string
 }
 
 // Verbs is the [verbs] table: which backend and device a mount uses.

@@ -163,9 +163,10 @@ listen = "127.0.0.1:9471"
 endpoints = ["http://10.0.0.5:2379", "https://etcd.example:2379"]
 prefix = "/rdma"
 lease = "30s"
+name = "gpu/buffers"
 `)
 	want := Config{
-		Publish: Publish{Endpoints: []string{"http://10.0.0.5:2379", "https://etcd.example:2379"}, Prefix: "/rdma", Lease: 30 * time.Second},
+		Publish: Publish{Endpoints: []string{"http://10.0.0.5:2379", "https://etcd.example:2379"}, Prefix: "/rdma", Lease: 30 * time.Second, Name: "gpu/buffers"},
 		Verbs:   Verbs{Backend: "soft", Device: "soft0", SoftMaxMR: 16, SoftMaxMRSize: 1 << 30, SoftMaxPD: 5},
 		Buffers: Buffers{
 			DefaultSize:       65536,
@@ -250,6 +251,9 @@ func TestBudget(t *testing.T) {
 	}
 	wantErr(t, "[buffers]\nhuge_pages = \"sometimes\"", "buffers.huge_pages", "never, within_size, always or advise")
 	wantErr(t, "[metrics]\nlisten = \"localhost:9\"", "metrics.listen", "not an IP address")
+	for _, name := range []string{"/mnt/a", "mnt/", "a//b", "a/../b", "./a"} {
+		wantErr(t, "[remote]\nlisten = \"127.0.0.1:0\"\n[publish]\nendpoints = [\"http://127.0.0.1:2379\"]\nname = \""+name+"\"", "publish.name", "no leading or trailing /")
+	}
 	wantErr(t, "[buffers]\ndefault_size = \"2MiB\"\nmax_pinned_per_user = \"1MiB\"", "buffers.default_size", "max_pinned_per_user")
 }
 

@@ -68,6 +68,7 @@ type file struct {
 		Endpoints []string `toml:"endpoints"`
 		Prefix    string   `toml:"prefix"`
 		Lease     duration `toml:"lease"`
+		Name      string   `toml:"name"`
 	} `toml:"publish"`
 }
 
@@ -85,6 +86,7 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	f.Buffers.MaxPinnedPerUser, f.Buffers.HugePages = d.Buffers.MaxPinnedPerUser, d.Buffers.HugePages
 	f.Metrics.Listen = d.Metrics.Listen
 	f.Publish.Endpoints, f.Publish.Prefix, f.Publish.Lease = d.Publish.Endpoints, d.Publish.Prefix, duration(d.Publish.Lease)
+	f.Publish.Name = d.Publish.Name
 	f.Mount.AllowOther, f.Mount.ZeroCopy, f.Mount.Umask = d.Mount.AllowOther, d.Mount.ZeroCopy, octalMode(d.Mount.Umask)
 	name, _ := knownLevel(d.Log.Level)
 	f.Log.Level, f.Log.Format, f.Log.Output = levelName(name), d.Log.Format, d.Log.Output
@@ -128,7 +130,8 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 			Timeout:         time.Duration(f.Remote.Timeout),
 		},
 		Metrics: Metrics{Listen: f.Metrics.Listen},
-		Publish: Publish{Endpoints: nilIfEmpty(f.Publish.Endpoints), Prefix: f.Publish.Prefix, Lease: time.Duration(f.Publish.Lease)},
+		Publish: Publish{Endpoints: nilIfEmpty(f.Publish.Endpoints), Prefix: f.Publish.Prefix, Lease: time.Duration(f.Publish.Lease),
+			Name: f.Publish.Name},
 	}, nil
 }
 

@@ -26,7 +26,7 @@ func TestKeys(t *testing.T) {
 			t.Errorf("Keys() lacks %q", k)
 		}
 	}
-	if keys[0] != "verbs.backend" || keys[len(keys)-1] != "publish.lease" {
+	if keys[0] != "verbs.backend" || keys[len(keys)-1] != "publish.name" {
 		t.Errorf("Keys() is not in the file's order: %q", keys)
 	}
 }

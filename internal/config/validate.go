@@ -136,6 +136,9 @@ func (c Config) Validate() error {
 		if !strings.HasPrefix(pb.Prefix, "/") {
 			bad("publish.prefix", "%q: want a key prefix starting with /", pb.Prefix)
 		}
+		if n := pb.Name; n != "" && (n != strings.Trim(n, "/") || strings.Contains(n, "//") || slices.Contains(strings.Split(n, "/"), "..") || slices.Contains(strings.Split(n, "/"), ".")) {
+			bad("publish.name", "%q: want a name such as \"mnt/rdma\": no leading or trailing /, no empty, . or .. part", n)
+		}
 		if pb.Lease < 2*time.Second {
 			bad("publish.lease", "%s: want at least 2s (etcd's shortest leases)", pb.Lease)
 		}
