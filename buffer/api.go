@@ -65,8 +65,8 @@ type Events interface {
 	// came or went without a registration of its own.
 	Slot(taken bool)
 	// Changed: b's registration changed (its keys, regions, length or
-	// generation), or it went. Called with b's lock held: hear of it and
-	// return.
+	// generation) or went, but for a Free, which its caller knows of.
+	// Called with b's lock held: hear of it and return.
 	Changed(b *Buffer)
 	// LimitHit: a call was refused by limit (its name in the log:
 	// "max_pinned", "RLIMIT_MEMLOCK", ...).
@@ -139,6 +139,9 @@ type Stats struct {
 	// Maps are the daemon's memory mappings (counted, not read), MaxMaps
 	// vm.max_map_count: each registered buffer is one.
 	Maps, MaxMaps int
+	// MapRoom is how many more buffers or pool slots the mapping limit
+	// lets the daemon map, after the reserve it keeps for itself.
+	MapRoom int
 	// Regions are the memory regions registered (against the device's
 	// max_mr): one per buffer, or more past max_mr_size; one per pool
 	// chunk.

@@ -892,6 +892,5 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	if b.slot != nil {
 		m.events.Slot(false)
 	}
-	m.events.Changed(b)
 	return nregions, unpinned, nil
 }

@@ -158,6 +158,7 @@ func (m *Manager) Stats() Stats {
 		MaxOpenFds:      m.maxOpenFds,
 		Maps:            m.maps.usedLocked(),
 		MaxMaps:         m.maps.limit,
+		MapRoom:         m.maps.headroom(),
 		Regions:         m.regions,
 	}
 }

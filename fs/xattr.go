@@ -417,6 +417,9 @@ type stats struct {
 	// Mappings are the daemon's memory mappings: each registered buffer
 	// is one, and vm.max_map_count (limits.max_map_count) bounds them.
 	Mappings int `json:"mappings"`
+	// MapRoom is how many more buffers or pool slots vm.max_map_count
+	// leaves room for, after the mappings the daemon keeps for itself.
+	MapRoom int `json:"map_room"`
 	// Regions are the memory regions registered, against max_mr.
 	Regions   int                  `json:"regions"`
 	OpenFiles int                  `json:"open_files"`
@@ -495,6 +498,7 @@ func (fsys *filesystem) statsJSON() []byte {
 		OpenUnlinked:      st.Orphans,
 		OpenUnlinkedBytes: st.OrphanBytes,
 		Mappings:          st.Maps,
+		MapRoom:           st.MapRoom,
 		Regions:           st.Regions,
 		OpenFiles:         st.OpenFds,
 		Limits: statsLimits{

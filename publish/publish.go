@@ -351,8 +351,9 @@ func (p *Publisher) commit(ctx context.Context, ops []clientv3.Op) error {
 }
 
 // publish makes etcd hold, for each of files, its key if it is to be
-// published and nothing otherwise: deletes first (a file renamed over
-// another takes its key), then puts.
+// published and nothing otherwise, in as few transactions as the records
+// allow. A key both deleted and put (a file renamed over another takes
+// its key) is only put.
 func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, listen string, lease clientv3.LeaseID) error {
 	type put struct {
 		f *tree.File
@@ -373,25 +374,13 @@ func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, 
 			puts[want.key] = put{f, want}
 		}
 	}
-	p.mu.Unlock()
-
 	var ops []clientv3.Op
 	for _, f := range dels {
-		ops = append(ops, clientv3.OpDelete(p.pubs[f].key))
-	}
-	if err := p.commit(ctx, ops); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	for _, f := range dels {
-		if k := p.pubs[f].key; p.owner[k] == f {
-			delete(p.owner, k)
+		if k := p.pubs[f].key; puts[k].f == nil {
+			ops = append(ops, clientv3.OpDelete(k))
 		}
-		delete(p.pubs, f)
 	}
 	p.mu.Unlock()
-
-	ops = ops[:0]
 	for _, w := range puts {
 		ops = append(ops, clientv3.OpPut(w.key, w.value, clientv3.WithLease(lease)))
 	}
@@ -400,6 +389,12 @@ func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, 
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for _, f := range dels {
+		if k := p.pubs[f].key; p.owner[k] == f {
+			delete(p.owner, k)
+		}
+		delete(p.pubs, f)
+	}
 	for _, w := range puts {
 		if prev := p.owner[w.key]; prev != nil && prev != w.f {
 			delete(p.pubs, prev) // its key is w's now

@@ -145,6 +145,7 @@ type mrfsStats struct {
 	ChargedBytes    int64                `json:"charged_bytes"`
 	OpenUnlinked    int64                `json:"open_unlinked"`
 	Mappings        int64                `json:"mappings"`
+	MapRoom         int64                `json:"map_room"`
 	Regions         int64                `json:"regions"`
 	OpenFiles       int64                `json:"open_files"`
 	Limits          statsLimits          `json:"limits"`

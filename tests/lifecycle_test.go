@@ -218,7 +218,7 @@ func TestStatusTable(t *testing.T) {
 	for _, want := range []string{
 		fmt.Sprintf("memory: the store holds %s, %s charged to owners", bytesize.Format(uint64(s.StoreBytes)), bytesize.Format(uint64(s.ChargedBytes))),
 		fmt.Sprintf("by owner: uid 0 %s (3 buffers)", bytesize.Format(uint64(s.ChargedBytes))),
-		fmt.Sprintf("mappings: %d of vm.max_map_count %d", s.Mappings, s.Limits.MaxMapCount),
+		fmt.Sprintf("mappings: %d of vm.max_map_count %d, room for %d more buffers or pool slots", s.Mappings, s.Limits.MaxMapCount, s.MapRoom),
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("mrfs status lacks %q:\n%s", want, out)

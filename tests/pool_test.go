@@ -512,7 +512,13 @@ func TestPoolPublish(t *testing.T) {
 		}
 	}
 	b := filepath.Join(p, "b")
-	got := e.waitKeys(prefix, 5*time.Second, "/pool/a", "/pool/b", "/pool/c")
+	e.waitKeys(prefix, 5*time.Second, "/pool/a", "/pool/b", "/pool/c")
+	// A file made now, after the publisher's first walk: its create alone
+	// says so (a slot's keys come without a registration).
+	if err := os.WriteFile(filepath.Join(p, "d"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitKeys(prefix, time.Second*slowFactor(), "/pool/a", "/pool/b", "/pool/c", "/pool/d")
 	v := got[prefix+"/pool/b"]
 	addr, _ := keysOf(t, b)
 	pool, _ := v["pool"].(map[string]any)

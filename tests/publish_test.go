@@ -20,7 +20,7 @@ import (
 // etcdServer is a real etcd (Debian's etcd-server) on ports of its own,
 // with its data in a temporary directory.
 type etcdServer struct {
-	t       *testing.T
+	t       testing.TB
 	url     string
 	args    []string
 	cmd     *exec.Cmd
@@ -32,7 +32,7 @@ type etcdServer struct {
 	answers func() error
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -43,7 +43,7 @@ func freePort(t *testing.T) int {
 }
 
 // startEtcd starts etcd on loopback.
-func startEtcd(t *testing.T) *etcdServer {
+func startEtcd(t testing.TB) *etcdServer {
 	t.Helper()
 	e := newEtcd(t, nil, "127.0.0.1", freePort(t), freePort(t))
 	e.answers = func() error {
@@ -67,7 +67,7 @@ func startEtcdOn(t *testing.T, h testHost) *etcdServer {
 	return e
 }
 
-func newEtcd(t *testing.T, prefix []string, addr string, clientPort, peerPort int) *etcdServer {
+func newEtcd(t testing.TB, prefix []string, addr string, clientPort, peerPort int) *etcdServer {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
@@ -238,6 +238,20 @@ func TestPublish(t *testing.T) {
 	mustSh(t, fmt.Sprintf("printf 'by name' | MRFS_TOKEN=%s mrfs remote write --name '%s/a' --offset 100 %s", tok, name, etcd))
 	if b, err := os.ReadFile(a); err != nil || string(b[100:107]) != "by name" {
 		t.Errorf("the write by name did not land: %q, %v", b[100:107], err)
+	}
+	// A truncate re-registers: the buffer says so (the tree has nothing
+	// to say), and the new length is published.
+	if err := os.Truncate(a, 16384); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Second * slowFactor()); ; time.Sleep(20 * time.Millisecond) {
+		if now, err := e.published(prefix); err == nil && fmt.Sprint(now[prefix+"/a"]["length"]) == "16384" {
+			v = now[prefix+"/a"]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new length of %s was not published", a)
+		}
 	}
 	gen := fmt.Sprint(v["generation"])
 	mustSetxattr(t, a, xAccess, allRemote) // registered anew: a new generation

@@ -200,8 +200,8 @@ func TestMapCountLimit(t *testing.T) {
 		t.Logf("log: %s", line)
 	}
 	s := readStats(t, d.mnt)
-	if s.Limits.MaxMapCount != limit || s.Mappings > limit || s.Mappings < int64(n) {
-		t.Errorf("stats: %d mappings of %d, for %d buffers", s.Mappings, s.Limits.MaxMapCount, n)
+	if s.Limits.MaxMapCount != limit || s.Mappings > limit || s.Mappings < int64(n) || s.MapRoom != 0 {
+		t.Errorf("stats: %d mappings of %d, room for %d more, for %d buffers; want no room left", s.Mappings, s.Limits.MaxMapCount, s.MapRoom, n)
 	}
 	if s.RegisteredBytes != int64(n)*4096 || s.Buffers != int64(n)+1 {
 		t.Errorf("stats: %d buffers, %d bytes registered; want %d registered buffers of 4 KiB (and the refused one, empty)", s.Buffers, s.RegisteredBytes, n)

@@ -31,6 +31,7 @@ type rootStats struct {
 	ChargedBytes    uint64 `json:"charged_bytes"`
 	OpenUnlinked    int    `json:"open_unlinked"`
 	Mappings        int    `json:"mappings"`
+	MapRoom         int    `json:"map_room"`
 	Regions         int    `json:"regions"`
 	Limits          struct {
 		MaxBuffers       uint64 `json:"max_buffers"`
@@ -155,7 +156,8 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "limits: max_buffers %s, max_pinned %s, max_pinned_per_user %s, max_mr %s, RLIMIT_MEMLOCK %s\n",
 		limit(l.MaxBuffers, false), limit(l.MaxPinned, true), limit(l.MaxPinnedPerUser, true), limit(l.MaxMR, false), limit(l.Memlock, true))
 	if l.MaxMapCount > 0 {
-		fmt.Fprintf(stdout, "mappings: %d of vm.max_map_count %d (each registered buffer is one)\n", st.Mappings, l.MaxMapCount)
+		fmt.Fprintf(stdout, "mappings: %d of vm.max_map_count %d, room for %d more buffers or pool slots (each is one mapping; %d kept for the daemon)\n",
+			st.Mappings, l.MaxMapCount, st.MapRoom, max(l.MaxMapCount-st.Mappings-st.MapRoom, 0))
 	}
 	return nil
 }
