@@ -61,6 +61,8 @@ type Options struct {
 	// is not registered (fs.Desc).
 	Describe func(*buffer.Buffer) (desc []byte, info buffer.Info, ok bool)
 	Log      *slog.Logger
+	// Delay is a test hook: each pass waits this long before it writes.
+	Delay time.Duration
 }
 
 // remoteAccess is what makes a buffer worth publishing.
@@ -384,6 +386,7 @@ func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, 
 	for _, w := range puts {
 		ops = append(ops, clientv3.OpPut(w.key, w.value, clientv3.WithLease(lease)))
 	}
+	time.Sleep(p.opt.Delay)
 	if err := p.commit(ctx, ops); err != nil {
 		return err
 	}

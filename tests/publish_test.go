@@ -191,7 +191,9 @@ func TestPublish(t *testing.T) {
 	publish := func(lease string) string {
 		return fmt.Sprintf("endpoints = [%q]\nprefix = \"/mrfs-test\"\nlease = %q", e.url, lease)
 	}
-	d := startDaemon(t, daemonConfig{Remote: backend.listen(), Publish: publish("30s")})
+	// Each pass waits a little before it writes: an rm that did not wait
+	// for its key to go would return before it went.
+	d := startDaemon(t, daemonConfig{Remote: backend.listen(), Publish: publish("30s"), Env: []string{"MRFS_TEST_PUBLISH_DELAY=200ms"}})
 	// The mount's name in the keys is its mount point's.
 	name := host + "/" + strings.Trim(d.mnt, "/")
 	prefix := "/mrfs-test/" + name

@@ -266,17 +266,27 @@ func testMapReserve(log *slog.Logger) int {
 	return n
 }
 
+// publishDelayEnv is a test hook: a duration each publication pass waits
+// before it writes to etcd, so that a removal not waited for is seen.
+// Logged at warn.
+const publishDelayEnv = "MRFS_TEST_PUBLISH_DELAY"
+
 func chunkDelay(log *slog.Logger) time.Duration {
-	v := os.Getenv(chunkDelayEnv)
+	return testDelay(log, chunkDelayEnv, "big registrations pause after each chunk")
+}
+
+// testDelay is the duration the test hook env sets, said at warn.
+func testDelay(log *slog.Logger, env, what string) time.Duration {
+	v := os.Getenv(env)
 	if v == "" {
 		return 0
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d < 0 {
-		log.Warn("ignoring a test hook that is not a duration", "hook", chunkDelayEnv, "value", v)
+		log.Warn("ignoring a test hook that is not a duration", "hook", env, "value", v)
 		return 0
 	}
-	log.Warn("test hook: big registrations pause after each chunk", "hook", chunkDelayEnv, "delay", d)
+	log.Warn("test hook: "+what, "hook", env, "delay", d)
 	return d
 }
 

@@ -90,7 +90,7 @@ func (e *publishing) start(cfg config.Publish, tr *tree.Tree, mountpoint string,
 	mgr := tr.Manager()
 	p, err := publish.Start(publish.Options{
 		Endpoints: cfg.Endpoints, Prefix: cfg.Prefix, Lease: cfg.Lease, Host: host, Mount: name,
-		Listen: where, Tree: tr, Log: log,
+		Listen: where, Tree: tr, Log: log, Delay: testDelay(log, publishDelayEnv, "each publication pass waits before it writes"),
 		Describe: func(b *buffer.Buffer) ([]byte, buffer.Info, bool) { return fs.Desc(mgr, b) },
 	})
 	if err != nil {
