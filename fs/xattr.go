@@ -13,6 +13,7 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 
 	"mrfs/buffer"
+	"mrfs/desc"
 	"mrfs/tree"
 	"mrfs/verbs"
 )
@@ -57,50 +58,6 @@ var (
 
 func hex32(v uint32) string { return "0x" + strconv.FormatUint(uint64(v), 16) }
 
-// desc is user.mrfs.desc: everything a peer needs, in one read.
-type desc struct {
-	Device string   `json:"device"`
-	Addr   string   `json:"addr"`
-	Length string   `json:"length"`
-	LKey   string   `json:"lkey"`
-	RKey   string   `json:"rkey"`
-	Access []string `json:"access"`
-	// PageSize is the size of the pages behind the region (2 MiB for
-	// huge pages; 0 when the kernel does not say).
-	PageSize uint64 `json:"page_size"`
-	// Generation grows at every registration of the buffer, so a peer
-	// never takes a new region for an old one.
-	Generation uint64 `json:"generation"`
-	// PD and State are user.mrfs.pd and user.mrfs.state: with them desc is
-	// all `mrfs status` reads of a registered file.
-	PD    uint32 `json:"pd"`
-	State string `json:"state"`
-	// Regions are the memory regions of the registration, in order: one,
-	// or several when the buffer is larger than the device's max_mr_size.
-	// The keys above are the first's; a peer uses the region that holds
-	// the address it reaches for.
-	Regions []descRegion `json:"regions"`
-	// Pool is where a pool file's slot is; its region above is the
-	// chunk's, which holds every slot of the chunk under one key.
-	Pool *descPool `json:"pool,omitempty"`
-}
-
-// descPool is a pool file's place: its pool's directory (when known),
-// the slot's number and the slot size.
-type descPool struct {
-	Dir      string `json:"dir,omitempty"`
-	Slot     int    `json:"slot"`
-	SlotSize string `json:"slot_size"`
-}
-
-// descRegion is one memory region, in the formats of the xattrs.
-type descRegion struct {
-	Addr   string `json:"addr"`
-	Length string `json:"length"`
-	LKey   string `json:"lkey"`
-	RKey   string `json:"rkey"`
-}
-
 // fileXattr returns the value of a file attribute. Keys, address and desc
 // exist only while the buffer is registered.
 func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
@@ -134,81 +91,18 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrPD:
 		v = strconv.FormatUint(uint64(info.PD), 10)
 	case xattrState:
-		v = stateString(info)
+		v = desc.State(info)
 	case xattrZeroCopy:
 		v = boolString(n.fsys.ZeroCopy)
 	case xattrDesc:
-		return descJSON(n.fsys.mgr, n.buf, info, regs, n.f.DirPath()), 0
+		return desc.Of(n.fsys.mgr.Device().Name(), info, regs, n.buf.PageSize(), n.f.DirPath()).JSON(), 0
 	default:
 		return nil, syscall.ENODATA
 	}
 	return []byte(v), 0
 }
 
-// Desc is user.mrfs.desc of b, a buffer of mgr, and the registration it
-// describes; ok is false when b is not registered (it has none). The
-// publisher of buffers to etcd sends the same JSON.
-func Desc(mgr *buffer.Manager, b *buffer.Buffer) (desc []byte, info buffer.Info, ok bool) {
-	info, regs := b.Regions()
-	if info.State != buffer.Registered {
-		return nil, info, false
-	}
-	return descJSON(mgr, b, info, regs, ""), info, true
-}
-
-// descJSON is the desc of b; dir is its directory's path, when known.
-func descJSON(mgr *buffer.Manager, b *buffer.Buffer, info buffer.Info, regs []buffer.Region, dir string) []byte {
-	var pool *descPool
-	if s := info.Pool; s != nil {
-		pool = &descPool{Dir: dir, Slot: s.Index, SlotSize: strconv.FormatUint(s.Size, 10)}
-	}
-	j, _ := json.Marshal(desc{
-		Pool:       pool,
-		Device:     mgr.Device().Name(),
-		Addr:       hexAddr(info.Addr),
-		Length:     strconv.FormatUint(info.Length, 10),
-		LKey:       hex32(info.LKey),
-		RKey:       hex32(info.RKey),
-		Access:     info.Access.Names(),
-		PageSize:   b.PageSize(),
-		Generation: info.Generation,
-		PD:         info.PD,
-		State:      stateString(info),
-		Regions:    descRegions(regs),
-	})
-	return j
-}
-
-// stateString is user.mrfs.state: "registered", "empty",
-// "unregistered: <reason>", or, when a client grew the file past what
-// could be registered and the registration that was there stays,
-// "registered <length> of <size> bytes: <reason>".
-func stateString(info buffer.Info) string {
-	switch {
-	case info.Progress.Total > 0:
-		return fmt.Sprintf("registering %d/%d", info.Progress.Done, info.Progress.Total)
-	case info.State == buffer.Registered && info.Length == info.Size && info.Regions > 1:
-		return fmt.Sprintf("registered in %d regions", info.Regions)
-	case info.State == buffer.Registered && info.Length == info.Size:
-		return "registered"
-	case info.State == buffer.Registered:
-		return fmt.Sprintf("registered %d of %d bytes: %s", info.Length, info.Size, info.Reason)
-	case info.State == buffer.Empty:
-		return "empty"
-	default:
-		return "unregistered: " + info.Reason
-	}
-}
-
 func hexAddr(a uintptr) string { return "0x" + strconv.FormatUint(uint64(a), 16) }
-
-func descRegions(rs []buffer.Region) []descRegion {
-	out := make([]descRegion, len(rs))
-	for i, r := range rs {
-		out[i] = descRegion{Addr: hexAddr(r.Addr), Length: strconv.FormatUint(r.Length, 10), LKey: hex32(r.LKey), RKey: hex32(r.RKey)}
-	}
-	return out
-}
 
 func boolString(b bool) string {
 	if b {

@@ -24,7 +24,6 @@ package publish
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,6 +38,7 @@ import (
 	"go.uber.org/zap"
 
 	"mrfs/buffer"
+	"mrfs/desc"
 	"mrfs/tree"
 	"mrfs/verbs"
 )
@@ -57,9 +57,9 @@ type Options struct {
 	// address ("rdma_cm 10.0.0.5:7471"); "" while remote access is off.
 	Listen func() string
 	Tree   *tree.Tree
-	// Describe is a buffer's desc JSON and its state, ok false when it
-	// is not registered (fs.Desc).
-	Describe func(*buffer.Buffer) (desc []byte, info buffer.Info, ok bool)
+	// Describe is a buffer's desc and its state, ok false when it is not
+	// registered (desc.Buffer).
+	Describe func(*buffer.Buffer) (d desc.Desc, info buffer.Info, ok bool)
 	Log      *slog.Logger
 	// Delay is a test hook: each pass waits this long before it writes.
 	Delay time.Duration
@@ -418,40 +418,24 @@ func (p *Publisher) want(f *tree.File, listen string) (pub, bool) {
 	if !ok {
 		return pub{}, false
 	}
-	desc, info, ok := p.opt.Describe(f.Buffer())
+	d, info, ok := p.opt.Describe(f.Buffer())
 	if !ok || info.Access&remoteAccess == 0 {
 		return pub{}, false
 	}
-	var v map[string]any
-	if json.Unmarshal(desc, &v) != nil {
-		return pub{}, false
+	d.Host, d.Mount, d.Path = p.opt.Host, strings.Trim(p.opt.Mount, "/"), inMount
+	d.Listen, d.PDPath = listen, path.Dir(inMount)
+	if d.Pool != nil {
+		d.Pool.Dir = d.PDPath
 	}
-	v["host"], v["mount"], v["path"] = p.opt.Host, strings.Trim(p.opt.Mount, "/"), inMount
-	v["listen"], v["pd_path"] = listen, path.Dir(inMount)
-	b, _ := json.Marshal(v)
-	return pub{p.base + inMount, string(b)}, true
+	return pub{p.base + inMount, string(d.JSON())}, true
 }
 
 // Entry is one published buffer, as a peer finds it.
 type Entry struct {
-	Key         string // <prefix>/<host>/<mount>/<path>
-	Name        string // the key without the prefix: what --name takes
-	Host, Mount string // the host and the mount's name there
-	Path        string // the buffer's path in its mount
-	Listen      string // "TRANSPORT HOST:PORT" to connect to
-	PDPath      string // the directory to name (whose token the peer needs)
-	Generation  uint64
-	Value       []byte // the whole value: the desc and the fields above
-}
-
-// fields are what Entry reads of a value.
-type fields struct {
-	Host       string `json:"host"`
-	Mount      string `json:"mount"`
-	Path       string `json:"path"`
-	Listen     string `json:"listen"`
-	PDPath     string `json:"pd_path"`
-	Generation uint64 `json:"generation"`
+	Key   string    // <prefix>/<host>/<mount>/<path>
+	Name  string    // the key without the prefix: what --name takes
+	Desc  desc.Desc // the value: the desc, and where the buffer is
+	Value []byte    // the value as etcd holds it
 }
 
 // Client reads what is published (mrfs peers, mrfs remote --name).
@@ -500,10 +484,9 @@ func (c *Client) Lookup(ctx context.Context, name string) (Entry, error) {
 }
 
 func (c *Client) entry(key string, v []byte) (Entry, error) {
-	var f fields
-	if err := json.Unmarshal(v, &f); err != nil {
+	d, err := desc.Parse(v)
+	if err != nil {
 		return Entry{}, fmt.Errorf("%s: not a published buffer: %w", key, err)
 	}
-	return Entry{Key: key, Name: strings.TrimPrefix(key, c.prefix+"/"), Host: f.Host, Mount: f.Mount, Path: f.Path,
-		Listen: f.Listen, PDPath: f.PDPath, Generation: f.Generation, Value: v}, nil
+	return Entry{Key: key, Name: strings.TrimPrefix(key, c.prefix+"/"), Desc: d, Value: v}, nil
 }

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"mrfs/buffer"
+	"mrfs/desc"
 	"mrfs/publish"
 	"mrfs/tree"
 	"mrfs/verbs"
@@ -160,11 +161,10 @@ func startPublished(t *testing.T, e *etcd, lease time.Duration, mount string) *p
 	s.p, err = publish.Start(publish.Options{
 		Endpoints: []string{e.url}, Prefix: "/t", Lease: lease, Host: "h", Mount: mount,
 		Listen: func() string { return "tcp 127.0.0.1:7471" }, Tree: tr, Log: slog.New(slog.DiscardHandler),
-		Describe: func(b *buffer.Buffer) ([]byte, buffer.Info, bool) {
+		Describe: func(b *buffer.Buffer) (desc.Desc, buffer.Info, bool) {
 			s.describes.Add(1)
 			in := b.Info()
-			j, _ := json.Marshal(map[string]any{"rkey": in.RKey, "addr": in.Addr, "generation": in.Generation})
-			return j, in, in.State == buffer.Registered
+			return desc.Desc{RKey: desc.Key(in.RKey), Addr: desc.Hex(in.Addr), Generation: in.Generation}, in, in.State == buffer.Registered
 		},
 	})
 	if err != nil {
@@ -323,9 +323,8 @@ func TestRenameOverTakesTheKey(t *testing.T) {
 	}
 	e.waitKeys(t, s.prefix, 2, 5*time.Second)
 	rkey := func(keys map[string]string, name string) string {
-		var v struct{ Rkey uint32 }
-		json.Unmarshal([]byte(keys[s.prefix+name]), &v)
-		return fmt.Sprint(v.Rkey)
+		d, _ := desc.Parse([]byte(keys[s.prefix+name]))
+		return fmt.Sprint(uint32(d.RKey))
 	}
 	ka, kb := fmt.Sprint(a.Buffer().Info().RKey), fmt.Sprint(b.Buffer().Info().RKey)
 	if err := root.Rename("a", root, "b", 0); err != nil {

@@ -68,7 +68,7 @@ func cmdPeers(args []string, stdout io.Writer) error {
 	w := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(w, "NAME\tLISTEN\tPD\tGENERATION")
 	for _, e := range list {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", e.Name, e.Listen, e.PDPath, e.Generation)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", e.Name, e.Desc.Listen, e.Desc.PDPath, e.Desc.Generation)
 	}
 	return w.Flush()
 }
@@ -94,14 +94,14 @@ func lookupName(op string, pf publishFlags, name, gen string) (*published, error
 		c.Close()
 		return nil, fmt.Errorf("remote %s: %w", op, err)
 	}
-	if gen != "" && gen != fmt.Sprint(e.Generation) {
+	if gen != "" && gen != fmt.Sprint(e.Desc.Generation) {
 		c.Close()
-		return nil, fmt.Errorf("remote %s: %s is at generation %d now, not %s: it was registered anew (new keys) since", op, name, e.Generation, gen)
+		return nil, fmt.Errorf("remote %s: %s is at generation %d now, not %s: it was registered anew (new keys) since", op, name, e.Desc.Generation, gen)
 	}
-	transport, peer, ok := strings.Cut(e.Listen, " ")
+	transport, peer, ok := strings.Cut(e.Desc.Listen, " ")
 	if !ok {
 		c.Close()
-		return nil, fmt.Errorf("remote %s: %s: published without a listener (%q)", op, name, e.Listen)
+		return nil, fmt.Errorf("remote %s: %s: published without a listener (%q)", op, name, e.Desc.Listen)
 	}
 	return &published{c: c, e: e, name: name, transport: transport, peer: peer}, nil
 }
@@ -121,8 +121,8 @@ func (p *published) still(ctx context.Context) error {
 	switch {
 	case err != nil:
 		return fmt.Errorf("%s went between lookup and use: %w", p.name, err)
-	case e.Generation != p.e.Generation:
-		return fmt.Errorf("%s changed between lookup and use (generation %d, now %d): look it up again", p.name, p.e.Generation, e.Generation)
+	case e.Desc.Generation != p.e.Desc.Generation:
+		return fmt.Errorf("%s changed between lookup and use (generation %d, now %d): look it up again", p.name, p.e.Desc.Generation, e.Desc.Generation)
 	}
 	return nil
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"mrfs/buffer"
-	"mrfs/fs"
+	"mrfs/desc"
 	"mrfs/internal/config"
 	"mrfs/publish"
 	"mrfs/tree"
@@ -91,7 +91,7 @@ func (e *publishing) start(cfg config.Publish, tr *tree.Tree, mountpoint string,
 	p, err := publish.Start(publish.Options{
 		Endpoints: cfg.Endpoints, Prefix: cfg.Prefix, Lease: cfg.Lease, Host: host, Mount: name,
 		Listen: where, Tree: tr, Log: log, Delay: testDelay(log, publishDelayEnv, "each publication pass waits before it writes"),
-		Describe: func(b *buffer.Buffer) ([]byte, buffer.Info, bool) { return fs.Desc(mgr, b) },
+		Describe: func(b *buffer.Buffer) (desc.Desc, buffer.Info, bool) { return desc.Buffer(mgr, b, "") },
 	})
 	if err != nil {
 		return err

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"mrfs/desc"
 	"mrfs/remote"
 	"mrfs/remote/client"
 )
@@ -138,7 +138,7 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 			return err
 		}
 		defer named.c.Close()
-		*peer, *pd, *transportS, *descS = named.peer, named.e.PDPath, named.transport, string(named.e.Value)
+		*peer, *pd, *transportS, *descS = named.peer, named.e.Desc.PDPath, named.transport, string(named.e.Value)
 	} else if *genS != "" {
 		return usageError("remote %s: --generation needs --name", op)
 	}
@@ -294,9 +294,8 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 }
 
 // parseDesc reads a user.mrfs.desc, literal or @FILE, for the buffer's
-// address and its regions, cut to the buffer's own bytes: a pool file's
-// region is its chunk's, which holds the neighbouring slots too, and a
-// range past the file must not reach them.
+// address and the regions a peer may reach (desc.Span: a pool file's,
+// cut to its own slot).
 func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 	data := []byte(s)
 	if name, ok := strings.CutPrefix(s, "@"); ok {
@@ -304,42 +303,18 @@ func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
 			return 0, nil, err
 		}
 	}
-	var d struct {
-		Addr    string `json:"addr"`
-		Length  string `json:"length"`
-		Regions []struct {
-			Addr   string `json:"addr"`
-			Length string `json:"length"`
-			RKey   string `json:"rkey"`
-		} `json:"regions"`
+	d, err := desc.Parse(data)
+	if err != nil {
+		return 0, nil, err
 	}
-	if err := json.Unmarshal(data, &d); err != nil {
-		return 0, nil, fmt.Errorf("not a desc: %w", err)
+	span, err := d.Span()
+	if err != nil {
+		return 0, nil, err
 	}
-	if len(d.Regions) == 0 {
-		return 0, nil, errors.New("it lists no regions")
+	for _, r := range span {
+		regions = append(regions, remote.Region{Addr: uint64(r.Addr), Length: uint64(r.Length), RKey: uint32(r.RKey)})
 	}
-	if addr, err = strconv.ParseUint(d.Addr, 0, 64); err != nil {
-		return 0, nil, fmt.Errorf("addr %q: %w", d.Addr, err)
-	}
-	length := ^uint64(0) - addr // a desc written by hand may leave it out
-	if d.Length != "" {
-		if length, err = strconv.ParseUint(d.Length, 0, 64); err != nil {
-			return 0, nil, fmt.Errorf("length %q: %w", d.Length, err)
-		}
-	}
-	for i, r := range d.Regions {
-		a, err1 := strconv.ParseUint(r.Addr, 0, 64)
-		n, err2 := strconv.ParseUint(r.Length, 0, 64)
-		k, err3 := strconv.ParseUint(r.RKey, 0, 32)
-		if err := errors.Join(err1, err2, err3); err != nil {
-			return 0, nil, fmt.Errorf("region %d: %w", i, err)
-		}
-		if from, to := max(a, addr), min(a+n, addr+length); from < to {
-			regions = append(regions, remote.Region{Addr: from, Length: to - from, RKey: uint32(k)})
-		}
-	}
-	return addr, regions, nil
+	return uint64(d.Addr), regions, nil
 }
 
 // tokenEnv is the environment variable `mrfs remote` takes a token

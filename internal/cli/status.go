@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"mrfs/desc"
 	"mrfs/internal/bytesize"
 	"path/filepath"
 	"sort"
@@ -162,26 +163,14 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// fileDesc is the part of user.mrfs.desc status shows.
-type fileDesc struct {
-	PD     uint32   `json:"pd"`
-	Length string   `json:"length"`
-	State  string   `json:"state"`
-	LKey   string   `json:"lkey"`
-	RKey   string   `json:"rkey"`
-	Addr   string   `json:"addr"`
-	Access []string `json:"access"`
-}
-
 // bufferRow is a buffer's PD, length, state, keys, address and access. A
 // registered buffer's desc holds them all (one getxattr: a request to the
 // daemon); one without a registration has no desc, and its few
 // attributes are read one by one.
 func bufferRow(path string) []string {
 	if raw, err := getxattr(path, "user.mrfs.desc"); err == nil {
-		var d fileDesc
-		if json.Unmarshal(raw, &d) == nil {
-			return []string{strconv.FormatUint(uint64(d.PD), 10), d.Length, d.State, d.LKey, d.RKey, d.Addr, strings.Join(d.Access, ",")}
+		if d, err := desc.Parse(raw); err == nil {
+			return []string{strconv.FormatUint(uint64(d.PD), 10), d.Length.String(), d.State, d.LKey.String(), d.RKey.String(), d.Addr.String(), strings.Join(d.Access, ",")}
 		}
 	}
 	x := func(name string) string {
