@@ -70,6 +70,28 @@ func cmdAlloc(args []string, stdout, stderr io.Writer) error {
 	}
 
 	start := time.Now()
+	show := newAllocProgress(*progress, stderr, path, uint64(size))
+	interrupted, err := resize(fd, path, uint64(size), show)
+	show.finish()
+	switch {
+	case errors.Is(err, unix.EINTR):
+		fmt.Fprintf(stderr, "mrfs: alloc: interrupted; %s is unchanged\n", path)
+		return exitStatus(exitInterrupted)
+	case err != nil:
+		return fmt.Errorf("alloc: resize %s to %s: %w", path, bytesize.Format(uint64(size)), err)
+	}
+	st, _ := getxattrString(path, "user.mrfs.state")
+	fmt.Fprintf(stdout, "%s: %s %s in %s\n", path, bytesize.Format(uint64(size)), st, time.Since(start).Round(time.Millisecond))
+	if interrupted {
+		return exitStatus(exitInterrupted) // it finished before the interrupt took
+	}
+	return nil
+}
+
+// resize grows the file to size through ftruncate on a thread of its
+// own, showing the registration's progress; a Ctrl-C interrupts the
+// FUSE request (interrupted), and the daemon leaves the file as it was.
+func resize(fd int, path string, size uint64, show *allocProgress) (interrupted bool, err error) {
 	done := make(chan error, 1)
 	tid := make(chan int, 1)
 	var stopping atomic.Bool // the user interrupted: EINTR is final
@@ -93,10 +115,8 @@ func cmdAlloc(args []string, stdout, stderr io.Writer) error {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
-	show := newAllocProgress(*progress, stderr, path, uint64(size))
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	interrupted := false
 	for {
 		select {
 		case <-tick.C:
@@ -118,20 +138,7 @@ func cmdAlloc(args []string, stdout, stderr io.Writer) error {
 		}
 		break
 	}
-	show.finish()
-	switch {
-	case errors.Is(err, unix.EINTR):
-		fmt.Fprintf(stderr, "mrfs: alloc: interrupted; %s is unchanged\n", path)
-		return exitStatus(exitInterrupted)
-	case err != nil:
-		return fmt.Errorf("alloc: resize %s to %s: %w", path, bytesize.Format(uint64(size)), err)
-	}
-	st, _ := getxattrString(path, "user.mrfs.state")
-	fmt.Fprintf(stdout, "%s: %s %s in %s\n", path, bytesize.Format(uint64(size)), st, time.Since(start).Round(time.Millisecond))
-	if interrupted {
-		return exitStatus(exitInterrupted) // it finished before the interrupt took
-	}
-	return nil
+	return interrupted, err
 }
 
 func getxattrString(path, name string) (string, error) {

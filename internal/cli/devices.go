@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"mrfs/internal/config"
+	"mrfs/mount"
 )
 
 // cmdDevices lists the devices of the backend the config chooses.
@@ -28,7 +29,7 @@ func cmdDevices(args []string, stdout io.Writer) error {
 			return err
 		}
 	}
-	prov, err := chooseProvider(cfg.Verbs, slog.New(slog.DiscardHandler))
+	prov, err := mount.ChooseProvider(cfg.Verbs, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return err
 	}

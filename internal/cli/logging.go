@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	stdlog "log"
 	"log/slog"
 	"log/syslog"
 	"os"
@@ -135,16 +134,4 @@ func (h *syslogHandler) WithGroup(name string) slog.Handler {
 	c := *h
 	c.inner = h.inner.WithGroup(name)
 	return &c
-}
-
-// requestLog is where go-fuse logs each request and reply when
-// log.fuse_requests is set: the daemon's log, at debug level, one record
-// per line go-fuse prints, without the data (redactedLog); nil when it
-// is not set.
-func requestLog(cfg config.Log, log *slog.Logger) *stdlog.Logger {
-	if !cfg.FuseRequests {
-		return nil
-	}
-	records := slog.NewLogLogger(log.With("fuse", true).Handler(), slog.LevelDebug)
-	return stdlog.New(redactedLog{records.Writer()}, "", 0)
 }

@@ -5,10 +5,8 @@ package cli
 import (
 	"context"
 	"errors"
-	"log/slog"
 
 	"mrfs/remote"
-	"mrfs/verbs"
 )
 
 // Built without -tags rdma: the same names as rdma.go, each saying which
@@ -19,16 +17,8 @@ const rdmaBuilt = false
 const defaultTransport = transportTCP
 
 var (
-	errNoRDMABuild = errors.New("the rdma backend is not built in: rebuild with `go build -tags rdma ./cmd/mrfs` (needs the libibverbs-dev and librdmacm-dev packages)")
-	errNoRDMACM    = errors.New("remote.listen is set but this binary has no rdma_cm transport for the rdma backend: rebuild with `go build -tags rdma ./cmd/mrfs`, or use the soft backend")
-	errNoRDMADial  = errors.New("this binary has no rdma_cm transport: rebuild with `go build -tags rdma ./cmd/mrfs`")
+	errNoRDMADial = errors.New("this binary has no rdma_cm transport: rebuild with `go build -tags rdma ./cmd/mrfs`")
 )
-
-func rdmaProvider() (verbs.Provider, error) { return nil, errNoRDMABuild }
-
-func listenRDMA(string, remote.Policy, remote.Resolver, *slog.Logger) (rdmaListener, error) {
-	return nil, errNoRDMACM
-}
 
 func dialRDMA(context.Context, string, string, remote.Token) (remote.Conn, error) {
 	return nil, errNoRDMADial

@@ -66,7 +66,9 @@ func transportName(s string) (string, bool) {
 // with the status name (IBV_WC_REM_ACCESS_ERR), so scripts can match it.
 func cmdRemote(args []string, stdout io.Writer) error { return runRemote(args, stdout, transports) }
 
-// runRemote is cmdRemote over the given transports (tests fake them).
+// runRemote is cmdRemote over the given transports (tests fake them):
+// the flags, then whom to reach with which token, then where in the
+// buffer and with which operands, then the operation.
 func runRemote(args []string, stdout io.Writer, transports map[string]dialer) error {
 	if len(args) == 0 {
 		return usageError("remote: want an operation: read, write, cas or fadd")
@@ -80,209 +82,239 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 	if err := refuseTokenFlag(op, args[1:]); err != nil {
 		return err
 	}
-	f := flag.NewFlagSet("remote "+op, flag.ContinueOnError)
-	peer := f.String("peer", "", "host:port of the mrfs daemon (its remote.listen, as user.mrfs.remote shows it)")
-	pd := f.String("pd", "", "directory of the peer's mount whose PD to join (/ is its root), or that directory's path where it is mounted here: then --peer and --transport default to what it says, and without --token-file or "+tokenEnv+" its own user.mrfs.token goes to that peer alone")
-	tokenFile := f.String("token-file", "", "read the PD's token (user.mrfs.token of the directory, 32 hex digits) from `FILE`; default: the "+tokenEnv+" environment variable")
-	nameS := f.String("name", "", "HOST/MOUNT/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc); the token must come from --token-file or "+tokenEnv)
-	genS := f.String("generation", "", "with --name: refuse unless the buffer's registration is still this generation (as mrfs peers showed it)")
-	pf := addPublishFlags(f)
-	addrS := f.String("addr", "", "remote address (user.mrfs.addr)")
-	rkeyS := f.String("rkey", "", "remote key (user.mrfs.rkey)")
-	descS := f.String("desc", "", "the buffer's user.mrfs.desc (JSON, or @FILE): its regions give each part of the range its key, so a range may span regions; replaces --addr and --rkey")
-	offsetS := f.String("offset", "", "with --desc: where in the buffer to start (default 0)")
-	lengthS := f.String("length", "", "bytes to read; for write, send only the first N bytes of stdin")
-	compareS := f.String("compare", "", "cas: the value expected")
-	swapS := f.String("swap", "", "cas: the value to store")
-	addS := f.String("add", "", "fadd: the value to add")
-	transportS := f.String("transport", defaultTransport, "tcp (the soft protocol) or rdma_cm (alias rdma; needs -tags rdma); default: the build's")
-	timeout := f.Duration("timeout", 10*time.Second, "bound on connecting and the operation")
-	if _, err := parse(f, args[1:], 0); err != nil {
+	r := newRemoteCmd(op)
+	if _, err := parse(r.f, args[1:], 0); err != nil {
 		return err
 	}
-	num := func(name, s string, bits int, required bool) (uint64, bool, error) {
-		if s == "" {
-			if required {
-				return 0, false, usageError("remote %s: --%s is required", op, name)
-			}
-			return 0, false, nil
-		}
-		v, err := strconv.ParseUint(s, 0, bits)
-		if err != nil {
-			return 0, false, usageError("remote %s: --%s %q is not a number (decimal or 0x hex, %d bits)", op, name, s, bits)
-		}
-		return v, true, nil
+	r.f.Visit(func(fl *flag.Flag) { r.set[fl.Name] = true })
+	if err := r.resolvePeer(); err != nil {
+		return err
 	}
-	set := map[string]bool{}
-	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	// A token goes only to the peer named by the source that gave it:
-	// the user's (--token-file, MRFS_TOKEN) to the peer the user chose,
-	// or one published; a local directory's own to the peer that
-	// directory names. A PD path found in etcd is the peer's, never a
-	// directory here.
-	tok, fromUser, err := userToken(op, *tokenFile)
+	if r.named != nil {
+		defer r.named.c.Close()
+	}
+	if err := r.resolveTarget(); err != nil {
+		return err
+	}
+	if err := r.resolveOperands(); err != nil {
+		return err
+	}
+	return r.run(stdout, transports)
+}
+
+// remoteCmd is one `mrfs remote` operation: its flags, and what they
+// resolve to.
+type remoteCmd struct {
+	op  string
+	f   *flag.FlagSet
+	set map[string]bool // the flags given
+
+	peer, pd, tokenFile, name, gen, addrS, rkeyS, descS, offsetS *string
+	lengthS, compareS, swapS, addS, transportS                   *string
+	timeout                                                      *time.Duration
+	pf                                                           publishFlags
+
+	tok        remote.Token
+	named      *published      // the buffer found by --name, or nil
+	regions    []remote.Region // from --desc (or --name), else nil
+	addr, rkey uint64
+	length     uint64
+	haveLength bool
+	a, b       uint64 // cas: compare and swap; fadd: add
+}
+
+func newRemoteCmd(op string) *remoteCmd {
+	f := flag.NewFlagSet("remote "+op, flag.ContinueOnError)
+	return &remoteCmd{op: op, f: f, set: map[string]bool{},
+		peer:       f.String("peer", "", "host:port of the mrfs daemon (its remote.listen, as user.mrfs.remote shows it)"),
+		pd:         f.String("pd", "", "directory of the peer's mount whose PD to join (/ is its root), or that directory's path where it is mounted here: then --peer and --transport default to what it says, and without --token-file or "+tokenEnv+" its own user.mrfs.token goes to that peer alone"),
+		tokenFile:  f.String("token-file", "", "read the PD's token (user.mrfs.token of the directory, 32 hex digits) from `FILE`; default: the "+tokenEnv+" environment variable"),
+		name:       f.String("name", "", "HOST/MOUNT/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc); the token must come from --token-file or "+tokenEnv),
+		gen:        f.String("generation", "", "with --name: refuse unless the buffer's registration is still this generation (as mrfs peers showed it)"),
+		pf:         addPublishFlags(f),
+		addrS:      f.String("addr", "", "remote address (user.mrfs.addr)"),
+		rkeyS:      f.String("rkey", "", "remote key (user.mrfs.rkey)"),
+		descS:      f.String("desc", "", "the buffer's user.mrfs.desc (JSON, or @FILE): its regions give each part of the range its key, so a range may span regions; replaces --addr and --rkey"),
+		offsetS:    f.String("offset", "", "with --desc: where in the buffer to start (default 0)"),
+		lengthS:    f.String("length", "", "bytes to read; for write, send only the first N bytes of stdin"),
+		compareS:   f.String("compare", "", "cas: the value expected"),
+		swapS:      f.String("swap", "", "cas: the value to store"),
+		addS:       f.String("add", "", "fadd: the value to add"),
+		transportS: f.String("transport", defaultTransport, "tcp (the soft protocol) or rdma_cm (alias rdma; needs -tags rdma); default: the build's"),
+		timeout:    f.Duration("timeout", 10*time.Second, "bound on connecting and the operation"),
+	}
+}
+
+// num parses flag name's value s (decimal or 0x hex, of bits bits); ok
+// is false when it was not given.
+func (r *remoteCmd) num(name, s string, bits int, required bool) (v uint64, ok bool, err error) {
+	if s == "" {
+		if required {
+			return 0, false, usageError("remote %s: --%s is required", r.op, name)
+		}
+		return 0, false, nil
+	}
+	v, err = strconv.ParseUint(s, 0, bits)
+	if err != nil {
+		return 0, false, usageError("remote %s: --%s %q is not a number (decimal or 0x hex, %d bits)", r.op, name, s, bits)
+	}
+	return v, true, nil
+}
+
+// resolvePeer settles the peer, the PD, the transport and the token. A
+// token goes only to the peer named by the source that gave it: the
+// user's (--token-file, MRFS_TOKEN) to the peer the user chose, or one
+// published; a local directory's own to the peer that directory names.
+// A PD path found in etcd is the peer's, never a directory here.
+func (r *remoteCmd) resolvePeer() error {
+	op := r.op
+	tok, fromUser, err := userToken(op, *r.tokenFile)
 	if err != nil {
 		return err
 	}
-	var named *published
-	if *nameS != "" {
+	r.tok = tok
+	if *r.name != "" {
 		for _, other := range []string{"peer", "pd", "desc", "addr", "rkey", "transport"} {
-			if set[other] {
+			if r.set[other] {
 				return usageError("remote %s: --name gives --%s; give one or the other", op, other)
 			}
 		}
 		if !fromUser {
 			return usageError("remote %s: --name needs the PD's token from --token-file or %s (the owner hands it over; it is never published)", op, tokenEnv)
 		}
-		if named, err = lookupName(op, pf, *nameS, *genS); err != nil {
+		if r.named, err = lookupName(op, r.pf, *r.name, *r.gen); err != nil {
 			return err
 		}
-		defer named.c.Close()
-		*peer, *pd, *transportS, *descS = named.peer, named.e.Desc.PDPath, named.transport, string(named.e.Value)
-	} else if *genS != "" {
+		*r.peer, *r.pd, *r.transportS, *r.descS = r.named.peer, r.named.e.Desc.PDPath, r.named.transport, string(r.named.e.Value)
+	} else if *r.gen != "" {
 		return usageError("remote %s: --generation needs --name", op)
 	}
-	if *pd == "" {
+	if *r.pd == "" {
 		return usageError("remote %s: --pd is required (a directory of the peer's mount, / for its root)", op)
 	}
 	var here localDir
 	local := false
-	if named == nil {
-		here, local = localPD(*pd)
+	if r.named == nil {
+		here, local = localPD(*r.pd)
 	}
 	switch {
 	case local:
 		if !fromUser {
-			if tok, err = here.ownToken(op, *peer, *transportS, set); err != nil {
+			if r.tok, err = here.ownToken(op, *r.peer, *r.transportS, r.set); err != nil {
 				return err
 			}
 		}
-		*pd = here.dir
-		if *peer == "" {
-			*peer = here.peer
+		*r.pd = here.dir
+		if *r.peer == "" {
+			*r.peer = here.peer
 		}
-		if !set["transport"] {
-			*transportS = here.transport
+		if !r.set["transport"] {
+			*r.transportS = here.transport
 		}
 	case !fromUser:
 		return usageError("remote %s: no token: give the PD's token (user.mrfs.token of the directory) with --token-file FILE or %s, or name the directory by its path where it is mounted here (--pd)", op, tokenEnv)
 	}
-	if *peer == "" {
+	if *r.peer == "" {
 		return usageError("remote %s: --peer is required", op)
 	}
-	var regions []remote.Region
-	var addr, rkey uint64
-	if *descS != "" {
-		if *addrS != "" || *rkeyS != "" {
-			return usageError("remote %s: --desc replaces --addr and --rkey; give one or the other", op)
-		}
-		var base uint64
-		if base, regions, err = parseDesc(*descS); err != nil {
-			return usageError("remote %s: --desc: %v", op, err)
-		}
-		off, _, err := num("offset", *offsetS, 64, false)
-		if err != nil {
-			return err
-		}
-		addr = base + off
-		r, err := remote.RegionAt(regions, addr)
-		if err != nil {
-			return usageError("remote %s: --offset %d: %v", op, off, err)
-		}
-		rkey = uint64(r.RKey)
-	} else {
-		if *offsetS != "" {
+	return nil
+}
+
+// resolveTarget settles the address and key: from --desc (its regions
+// give each part of the range its key) or from --addr and --rkey.
+func (r *remoteCmd) resolveTarget() error {
+	op := r.op
+	if *r.descS == "" {
+		if *r.offsetS != "" {
 			return usageError("remote %s: --offset needs --desc", op)
 		}
-		if addr, _, err = num("addr", *addrS, 64, true); err != nil {
+		var err error
+		if r.addr, _, err = r.num("addr", *r.addrS, 64, true); err != nil {
 			return err
 		}
-		if rkey, _, err = num("rkey", *rkeyS, 32, true); err != nil {
-			return err
-		}
+		r.rkey, _, err = r.num("rkey", *r.rkeyS, 32, true)
+		return err
 	}
-	length, haveLength, err := num("length", *lengthS, 32, op == "read")
+	if *r.addrS != "" || *r.rkeyS != "" {
+		return usageError("remote %s: --desc replaces --addr and --rkey; give one or the other", op)
+	}
+	base, regions, err := parseDesc(*r.descS)
+	if err != nil {
+		return usageError("remote %s: --desc: %v", op, err)
+	}
+	off, _, err := r.num("offset", *r.offsetS, 64, false)
 	if err != nil {
 		return err
 	}
-	var a, b uint64
-	switch op {
+	r.regions, r.addr = regions, base+off
+	reg, err := remote.RegionAt(regions, r.addr)
+	if err != nil {
+		return usageError("remote %s: --offset %d: %v", op, off, err)
+	}
+	r.rkey = uint64(reg.RKey)
+	return nil
+}
+
+// resolveOperands settles the length, the atomics' operands and the
+// timeout.
+func (r *remoteCmd) resolveOperands() error {
+	var err error
+	if r.length, r.haveLength, err = r.num("length", *r.lengthS, 32, r.op == "read"); err != nil {
+		return err
+	}
+	switch r.op {
 	case "cas":
-		if a, _, err = num("compare", *compareS, 64, true); err != nil {
+		if r.a, _, err = r.num("compare", *r.compareS, 64, true); err != nil {
 			return err
 		}
-		if b, _, err = num("swap", *swapS, 64, true); err != nil {
+		if r.b, _, err = r.num("swap", *r.swapS, 64, true); err != nil {
 			return err
 		}
 	case "fadd":
-		if a, _, err = num("add", *addS, 64, true); err != nil {
+		if r.a, _, err = r.num("add", *r.addS, 64, true); err != nil {
 			return err
 		}
 	}
-	if *timeout <= 0 {
-		return usageError("remote %s: --timeout %s is not positive", op, *timeout)
+	if *r.timeout <= 0 {
+		return usageError("remote %s: --timeout %s is not positive", r.op, *r.timeout)
 	}
-	transport, ok := transportName(*transportS)
-	if !ok {
-		return usageError("remote %s: unknown --transport %q; want tcp or rdma_cm", op, *transportS)
-	}
-	dial := transports[transport]
+	return nil
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+// run connects and does the operation: read prints the bytes, write
+// sends stdin, cas and fadd print the old value.
+func (r *remoteCmd) run(stdout io.Writer, transports map[string]dialer) error {
+	op := r.op
+	transport, ok := transportName(*r.transportS)
+	if !ok {
+		return usageError("remote %s: unknown --transport %q; want tcp or rdma_cm", op, *r.transportS)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *r.timeout)
 	defer cancel()
-	c, err := dial(ctx, *peer, *pd, tok)
+	c, err := transports[transport](ctx, *r.peer, *r.pd, r.tok)
 	if err != nil {
 		return fmt.Errorf("remote %s over %s: %w", op, transport, err)
 	}
 	defer c.Close()
-	if named != nil {
-		if err := named.still(ctx); err != nil {
+	if r.named != nil {
+		if err := r.named.still(ctx); err != nil {
 			return fmt.Errorf("remote %s: %w", op, err)
 		}
 	}
 	var old uint64
 	switch op {
 	case "read":
-		buf := make([]byte, length)
-		if regions != nil {
-			err = remote.ReadSpan(c, buf, addr, regions)
-		} else {
-			err = c.Read(buf, addr, uint32(rkey))
-		}
-		if err == nil {
-			_, err = stdout.Write(buf)
-		}
+		err = r.read(c, stdout)
 	case "write":
-		var data []byte
-		// Read one byte past the path's limit: more is a local length
-		// error, which the client reports without sending.
-		limit := int64(c.MaxMessage()) + 1
-		if regions != nil {
-			limit = math.MaxInt64 // split into as many WRITEs as it takes
-		}
-		if haveLength {
-			limit = int64(length)
-		}
-		data, err = io.ReadAll(io.LimitReader(stdin, limit))
-		if err != nil {
-			return fmt.Errorf("remote write: read stdin: %w", err)
-		}
-		if haveLength && uint64(len(data)) < length {
-			return fmt.Errorf("remote write: --length %d but stdin had only %d bytes", length, len(data))
-		}
-		if regions != nil {
-			err = remote.WriteSpan(c, addr, regions, data)
-		} else {
-			err = c.Write(addr, uint32(rkey), data)
-		}
+		err = r.write(c)
 	case "cas":
-		old, err = c.CompareSwap(addr, uint32(rkey), a, b)
+		old, err = c.CompareSwap(r.addr, uint32(r.rkey), r.a, r.b)
 	case "fadd":
-		old, err = c.FetchAdd(addr, uint32(rkey), a)
+		old, err = c.FetchAdd(r.addr, uint32(r.rkey), r.a)
 	}
 	var se *remote.StatusError
 	if errors.As(err, &se) {
-		return fmt.Errorf("%s: remote %s at 0x%x rkey 0x%x on %s over %s", se.Status, op, addr, rkey, *peer, transport)
+		return fmt.Errorf("%s: remote %s at 0x%x rkey 0x%x on %s over %s", se.Status, op, r.addr, r.rkey, *r.peer, transport)
 	}
 	if err != nil {
 		return fmt.Errorf("remote %s over %s: %w", op, transport, err)
@@ -291,6 +323,43 @@ func runRemote(args []string, stdout io.Writer, transports map[string]dialer) er
 		fmt.Fprintf(stdout, "0x%x\n", old)
 	}
 	return nil
+}
+
+func (r *remoteCmd) read(c remote.Conn, stdout io.Writer) error {
+	buf := make([]byte, r.length)
+	var err error
+	if r.regions != nil {
+		err = remote.ReadSpan(c, buf, r.addr, r.regions)
+	} else {
+		err = c.Read(buf, r.addr, uint32(r.rkey))
+	}
+	if err == nil {
+		_, err = stdout.Write(buf)
+	}
+	return err
+}
+
+func (r *remoteCmd) write(c remote.Conn) error {
+	// Read one byte past the path's limit: more is a local length error,
+	// which the client reports without sending.
+	limit := int64(c.MaxMessage()) + 1
+	if r.regions != nil {
+		limit = math.MaxInt64 // split into as many WRITEs as it takes
+	}
+	if r.haveLength {
+		limit = int64(r.length)
+	}
+	data, err := io.ReadAll(io.LimitReader(stdin, limit))
+	if err != nil {
+		return fmt.Errorf("read stdin: %w", err)
+	}
+	if r.haveLength && uint64(len(data)) < r.length {
+		return fmt.Errorf("--length %d but stdin had only %d bytes", r.length, len(data))
+	}
+	if r.regions != nil {
+		return remote.WriteSpan(c, r.addr, r.regions, data)
+	}
+	return c.Write(r.addr, uint32(r.rkey), data)
 }
 
 // parseDesc reads a user.mrfs.desc, literal or @FILE, for the buffer's

@@ -88,10 +88,23 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	if err := json.Unmarshal(raw, &st); err != nil {
 		return fmt.Errorf("%s: bad user.mrfs.stats: %w", dir, err)
 	}
+	unreadable, pools, err := listBuffers(dir, stdout, st)
+	if err != nil {
+		return err
+	}
+	for _, p := range pools {
+		fmt.Fprintln(stdout, p)
+	}
+	printTotals(stdout, st, unreadable)
+	return nil
+}
 
+// listBuffers prints a row per buffer under dir (streaming: a buffer at
+// a time); it returns the directories this user may not read and a line
+// per pool.
+func listBuffers(dir string, stdout io.Writer, st rootStats) (unreadable, pools []string, err error) {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tPD\tLENGTH\tSTATE\tLKEY\tRKEY\tADDR\tACCESS")
-	var unreadable, pools []string
 	walkErr := filepath.WalkDir(dir, func(path string, d iofs.DirEntry, err error) error {
 		rel, _ := filepath.Rel(dir, path)
 		if err != nil {
@@ -117,12 +130,13 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	})
 	tw.Flush()
 	if walkErr != nil {
-		return fmt.Errorf("walk %s: %w", dir, walkErr)
+		return nil, nil, fmt.Errorf("walk %s: %w", dir, walkErr)
 	}
+	return unreadable, pools, nil
+}
 
-	for _, p := range pools {
-		fmt.Fprintln(stdout, p)
-	}
+// printTotals prints the mount's totals, its owners and its limits.
+func printTotals(stdout io.Writer, st rootStats, unreadable []string) {
 	zc := "on"
 	if st.ZeroCopy != nil && !*st.ZeroCopy {
 		zc = "off"
@@ -160,7 +174,6 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "mappings: %d of vm.max_map_count %d, room for %d more buffers or pool slots (each is one mapping; %d kept for the daemon)\n",
 			st.Mappings, l.MaxMapCount, st.MapRoom, max(l.MaxMapCount-st.Mappings-st.MapRoom, 0))
 	}
-	return nil
 }
 
 // bufferRow is a buffer's PD, length, state, keys, address and access. A

@@ -1,4 +1,4 @@
-package cli
+package mount
 
 import (
 	"log/slog"

@@ -1,9 +1,13 @@
-package cli
+package mount
 
 import (
 	"io"
+	stdlog "log"
+	"log/slog"
 	"strconv"
 	"strings"
+
+	"mrfs/internal/config"
 )
 
 // redactedLog passes go-fuse's request log (log.fuse_requests) on with
@@ -69,4 +73,16 @@ func sizeFollows(s string) bool {
 	}
 	s = s[n+1:]
 	return s == "" || s[0] == ' ' || s[0] == '\n'
+}
+
+// requestLog is where go-fuse logs each request and reply when
+// log.fuse_requests is set: the daemon's log, at debug level, one record
+// per line go-fuse prints, without the data (redactedLog); nil when it
+// is not set.
+func requestLog(cfg config.Log, log *slog.Logger) *stdlog.Logger {
+	if !cfg.FuseRequests {
+		return nil
+	}
+	records := slog.NewLogLogger(log.With("fuse", true).Handler(), slog.LevelDebug)
+	return stdlog.New(redactedLog{records.Writer()}, "", 0)
 }

@@ -1,4 +1,4 @@
-package cli
+package mount
 
 import (
 	"fmt"
@@ -9,9 +9,9 @@ import (
 	"mrfs/verbs/soft"
 )
 
-// chooseProvider applies verbs.backend: auto takes rdma when it is built
+// ChooseProvider applies verbs.backend: auto takes rdma when it is built
 // in and sees a device, else soft; the log says which and why.
-func chooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) {
+func ChooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) {
 	softProvider := func() verbs.Provider {
 		return soft.New(soft.Options{MaxMR: cfg.SoftMaxMR, MaxMRSize: uint64(cfg.SoftMaxMRSize), MaxPD: cfg.SoftMaxPD})
 	}

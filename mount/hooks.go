@@ -1,0 +1,75 @@
+package mount
+
+import (
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"mrfs/buffer"
+)
+
+// pauseEnv names a test hook. Set to 1, the daemon stops between the
+// buffers' teardown and the device's close: it logs "paused after
+// teardown" and waits for another SIGINT or SIGTERM. Tests then look at
+// what the kernel still holds for the live daemon; after the device's
+// close, or the exit, the kernel would have released whatever mrfs left
+// registered, and that would hide the leak.
+const pauseEnv = "MRFS_TEST_PAUSE_AFTER_TEARDOWN"
+
+// chunkDelayEnv is a test hook: a duration to pause after each chunk a big
+// registration populates, so that tests can watch its progress and
+// interrupt it. Logged at warn: it slows every big registration.
+const chunkDelayEnv = "MRFS_TEST_CHUNK_DELAY"
+
+// mapReserveEnv is a test hook: the mappings the daemon keeps for itself
+// below vm.max_map_count, so that a test under emulation reaches the
+// limit with a few thousand buffers rather than 64,000 (the sysctl is the
+// machine's: tests never lower it). Logged at warn.
+const mapReserveEnv = "MRFS_TEST_MAP_RESERVE"
+
+func testMapReserve(log *slog.Logger) int {
+	v := os.Getenv(mapReserveEnv)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		log.Warn("ignoring a test hook that is not a positive count", "hook", mapReserveEnv, "value", v)
+		return 0
+	}
+	log.Warn("test hook: the daemon keeps this many mappings below vm.max_map_count", "hook", mapReserveEnv, "reserve", n)
+	return n
+}
+
+// publishDelayEnv is a test hook: a duration each publication pass waits
+// before it writes to etcd, so that a removal not waited for is seen.
+// Logged at warn.
+const publishDelayEnv = "MRFS_TEST_PUBLISH_DELAY"
+
+func chunkDelay(log *slog.Logger) time.Duration {
+	return testDelay(log, chunkDelayEnv, "big registrations pause after each chunk")
+}
+
+// testDelay is the duration the test hook env sets, said at warn.
+func testDelay(log *slog.Logger, env, what string) time.Duration {
+	v := os.Getenv(env)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		log.Warn("ignoring a test hook that is not a duration", "hook", env, "value", v)
+		return 0
+	}
+	log.Warn("test hook: "+what, "hook", env, "delay", d)
+	return d
+}
+
+func pauseAfterTeardown(sigs <-chan os.Signal, freed buffer.Freed, log *slog.Logger) {
+	if os.Getenv(pauseEnv) != "1" {
+		return
+	}
+	log.Info("paused after teardown; send SIGINT or SIGTERM to go on", append([]any{"hook", pauseEnv}, freedAttrs(freed)...)...)
+	<-sigs
+}
