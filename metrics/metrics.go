@@ -4,7 +4,7 @@
 // scrape, and what happens (registrations, deregistrations, their
 // latency, limit hits by limit, remote connections and completions by
 // status) counted as it happens. It implements buffer.Events and
-// remote.Events for that.
+// gate.Events for that.
 package metrics
 
 import (
@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"mrfs/buffer"
-	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/verbs"
 )
 
@@ -41,7 +41,7 @@ type Metrics struct {
 
 var (
 	_ buffer.Events = (*Metrics)(nil)
-	_ remote.Events = (*Metrics)(nil)
+	_ gate.Events   = (*Metrics)(nil)
 )
 
 // New makes the metrics; Watch adds a manager's state, Serve serves them.
@@ -91,19 +91,19 @@ func (m *Metrics) Changed(*buffer.Buffer) {}
 // LimitHit is buffer.Events.
 func (m *Metrics) LimitHit(limit string) { m.limitHits.WithLabelValues(limit).Inc() }
 
-// Admitted is remote.Events.
+// Admitted is gate.Events.
 func (m *Metrics) Admitted() {
 	m.admitted.Inc()
 	m.connections.Inc()
 }
 
-// Released is remote.Events.
+// Released is gate.Events.
 func (m *Metrics) Released() { m.connections.Dec() }
 
-// Refused is remote.Events.
+// Refused is gate.Events.
 func (m *Metrics) Refused(reason string) { m.refused.WithLabelValues(reason).Inc() }
 
-// Completed is remote.Events.
+// Completed is gate.Events.
 func (m *Metrics) Completed(st verbs.WCStatus) { m.completions.WithLabelValues(st.String()).Inc() }
 
 // Watch reports mgr's state at every scrape.

@@ -7,7 +7,7 @@ import (
 	"mrfs/buffer"
 	"mrfs/internal/config"
 	"mrfs/metrics"
-	"mrfs/remote"
+	"mrfs/remote/gate"
 )
 
 // mountMetrics is [metrics] of one mount; a nil one (metrics.listen
@@ -38,7 +38,7 @@ func (x *mountMetrics) bufferEvents() buffer.Events {
 	return x.m
 }
 
-func (x *mountMetrics) remoteEvents() remote.Events {
+func (x *mountMetrics) remoteEvents() gate.Events {
 	if x == nil {
 		return nil
 	}

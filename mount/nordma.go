@@ -6,7 +6,7 @@ import (
 	"errors"
 	"log/slog"
 
-	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/verbs"
 )
 
@@ -22,6 +22,6 @@ var (
 
 func rdmaProvider() (verbs.Provider, error) { return nil, errNoRDMABuild }
 
-func listenRDMA(string, remote.Policy, remote.Resolver, *slog.Logger) (rdmaListener, error) {
+func listenRDMA(string, gate.Policy, gate.Resolver, *slog.Logger) (rdmaListener, error) {
 	return nil, errNoRDMACM
 }

@@ -5,7 +5,7 @@ package mount
 import (
 	"log/slog"
 
-	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/remote/rdmacm"
 	"mrfs/verbs"
 	"mrfs/verbs/ibv"
@@ -19,7 +19,7 @@ const rdmaBuilt = true
 
 func rdmaProvider() (verbs.Provider, error) { return ibv.New() }
 
-func listenRDMA(addr string, p remote.Policy, resolve remote.Resolver, log *slog.Logger) (rdmaListener, error) {
+func listenRDMA(addr string, p gate.Policy, resolve gate.Resolver, log *slog.Logger) (rdmaListener, error) {
 	l, err := rdmacm.Listen(addr, p, resolve, log)
 	if err != nil {
 		return nil, err // not a typed nil in the interface

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 
 	"mrfs/internal/config"
-	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/remote/server"
 )
 
@@ -20,7 +20,7 @@ type rdmaListener interface {
 }
 
 // listenFunc binds the rdma_cm listener: listenRDMA, or a fake in tests.
-type listenFunc func(addr string, p remote.Policy, resolve remote.Resolver, log *slog.Logger) (rdmaListener, error)
+type listenFunc func(addr string, p gate.Policy, resolve gate.Resolver, log *slog.Logger) (rdmaListener, error)
 
 // remoteAccess is the [remote] transport of one mount. It is bound and
 // serving before the mount (so a busy port fails before anything is
@@ -29,14 +29,14 @@ type listenFunc func(addr string, p remote.Policy, resolve remote.Resolver, log 
 type remoteAccess struct {
 	cfg     config.Remote
 	log     *slog.Logger
-	pending remote.Pending
+	pending gate.Pending
 	where   atomic.Pointer[string]
 	closer  io.Closer
 }
 
 // policy is [remote] as the transports apply it, reporting to ev.
-func policy(cfg config.Remote, ev remote.Events) remote.Policy {
-	return remote.Policy{
+func policy(cfg config.Remote, ev gate.Events) gate.Policy {
+	return gate.Policy{
 		AllowFrom:    cfg.AllowFrom,
 		MaxConns:     cfg.MaxConnections,
 		FailLimit:    failLimit(cfg.MaxFailures),
@@ -50,11 +50,11 @@ func policy(cfg config.Remote, ev remote.Events) remote.Policy {
 
 // bindRemote binds [remote] for backend, reporting to ev (nil: nowhere);
 // nil when remote.listen is off.
-func bindRemote(cfg config.Remote, backend string, ev remote.Events, log *slog.Logger) (*remoteAccess, error) {
+func bindRemote(cfg config.Remote, backend string, ev gate.Events, log *slog.Logger) (*remoteAccess, error) {
 	return bindRemoteWith(cfg, backend, ev, log, listenRDMA)
 }
 
-func bindRemoteWith(cfg config.Remote, backend string, ev remote.Events, log *slog.Logger, listen listenFunc) (*remoteAccess, error) {
+func bindRemoteWith(cfg config.Remote, backend string, ev gate.Events, log *slog.Logger, listen listenFunc) (*remoteAccess, error) {
 	if cfg.Listen == "" {
 		return nil, nil
 	}
@@ -95,7 +95,7 @@ func (r *remoteAccess) Where() string {
 
 // Serve lets peers in: resolve maps the directory a peer names to its
 // PD. A nil r (remote access off) does nothing.
-func (r *remoteAccess) Serve(resolve remote.Resolver) {
+func (r *remoteAccess) Serve(resolve gate.Resolver) {
 	if r == nil {
 		return
 	}
@@ -119,7 +119,7 @@ func (r *remoteAccess) Close() error {
 
 // remoteSockets is how many sockets peers may make the daemon hold: the
 // accepted connections and those still saying hello.
-func remoteSockets(cfg config.Remote) int { return cfg.MaxConnections + remote.DefaultMaxPending }
+func remoteSockets(cfg config.Remote) int { return cfg.MaxConnections + gate.DefaultMaxPending }
 
 // failLimit is remote.max_failures as the gate takes it: 0 turns the
 // rule off.

@@ -11,7 +11,7 @@ import (
 
 	"mrfs/buffer"
 	"mrfs/internal/config"
-	"mrfs/remote"
+	"mrfs/remote/gate"
 )
 
 type fakeListener struct {
@@ -27,9 +27,9 @@ func (l *fakeListener) Close() error         { l.closed = true; return nil }
 func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 	l := &fakeListener{addr: netip.MustParseAddrPort("10.0.2.15:40123")}
 	var listened string
-	var resolve remote.Resolver
-	var pol remote.Policy
-	fake := func(addr string, p remote.Policy, res remote.Resolver, _ *slog.Logger) (rdmaListener, error) {
+	var resolve gate.Resolver
+	var pol gate.Policy
+	fake := func(addr string, p gate.Policy, res gate.Resolver, _ *slog.Logger) (rdmaListener, error) {
 		listened, pol, resolve = addr, p, res
 		return l, nil
 	}
@@ -59,7 +59,7 @@ func TestRemoteWhereRDMABoundAddress(t *testing.T) {
 
 	// A listener that cannot bind fails the mount before it mounts, and
 	// the error names the address.
-	failing := func(string, remote.Policy, remote.Resolver, *slog.Logger) (rdmaListener, error) {
+	failing := func(string, gate.Policy, gate.Resolver, *slog.Logger) (rdmaListener, error) {
 		return nil, io.ErrUnexpectedEOF
 	}
 	if _, err := bindRemoteWith(config.Remote{Listen: "10.0.2.15:7471"}, config.BackendRDMA, nil, log, failing); err == nil || !strings.Contains(err.Error(), "10.0.2.15:7471") {

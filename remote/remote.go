@@ -3,11 +3,14 @@
 // and then performs one-sided READ, WRITE and atomic operations on any
 // buffer of the PD at (addr, rkey), checked as a NIC checks them.
 //
-// This package holds what every transport shares, so that they cannot
-// disagree: the admission policy ([remote]: Policy, applied by a Gate),
-// the directory lookup (Resolver, Pending), a connection as a requester
-// sees it (Conn), and the errors a requester gets (StatusError for a work
-// completion in error, RefusedError for a refused connection).
+// This package holds what a peer uses, whatever the transport: a
+// connection as a requester sees it (Conn), a buffer's regions and the
+// pieces of a range over them (Region, Span), PD tokens (Token), and the
+// errors a requester gets (StatusError for a work completion in error,
+// RefusedError for a refused connection). What a listener enforces, the
+// same for every transport so that they cannot disagree, is remote/gate:
+// the admission policy ([remote]: Policy, applied by a Gate), the rule
+// against guessing and the directory lookup (Resolver, Pending).
 //
 // The transports, one job each: remote/proto is the soft transport's
 // wire format; remote/server serves it over TCP on the soft backend,
@@ -17,38 +20,6 @@
 // On a real NIC, remote/rdmacm (build tag rdma) gives peers real queue
 // pairs and the NIC checks every operation.
 package remote
-
-import (
-	"fmt"
-	"sync/atomic"
-	"syscall"
-
-	"mrfs/buffer"
-)
-
-// Resolver maps the directory a peer names, relative to the mount's root
-// ("/" is the root), to its protection domain (tree.Tree.Domain). Errors
-// wrap an errno (ENOENT, ENOTDIR) that is reported to the peer.
-type Resolver func(dir string) (*buffer.Domain, error)
-
-// Pending is the Resolver of a transport bound before the mount exists
-// (so that a busy port fails before anything is mounted): until Set, it
-// refuses every peer with EAGAIN.
-type Pending struct {
-	r atomic.Pointer[Resolver]
-}
-
-// Set makes p answer with r from now on.
-func (p *Pending) Set(r Resolver) { p.r.Store(&r) }
-
-// Resolve is p as a Resolver.
-func (p *Pending) Resolve(dir string) (*buffer.Domain, error) {
-	r := p.r.Load()
-	if r == nil {
-		return nil, fmt.Errorf("mrfs is still mounting: %w", syscall.EAGAIN)
-	}
-	return (*r)(dir)
-}
 
 // Conn is a requester's connection to one PD of a peer, whatever the
 // transport: an operation that completes with a status other than

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/verbs/ibv"
 )
 
@@ -29,8 +30,8 @@ type Listener struct {
 	ch      *ibv.EventChannel
 	id      ibv.CMID // the listening id
 	addr    netip.AddrPort
-	resolve remote.Resolver
-	gate    *remote.Gate
+	resolve gate.Resolver
+	gate    *gate.Gate
 	log     *slog.Logger
 	wake    [2]int        // a pipe: Close writes to stop the event loop
 	done    chan struct{} // closed when the event loop has returned
@@ -48,7 +49,7 @@ type Listener struct {
 // the NIC's). A connection's QP is created in the PD that resolve
 // returns, which must be a PD of the rdma backend on librdmacm's device
 // context (verbs/ibv opens devices so): anything else is rejected.
-func Listen(addr string, p remote.Policy, resolve remote.Resolver, log *slog.Logger) (*Listener, error) {
+func Listen(addr string, p gate.Policy, resolve gate.Resolver, log *slog.Logger) (*Listener, error) {
 	ap, err := parseAddrPort(addr)
 	if err != nil {
 		return nil, err
@@ -78,7 +79,7 @@ func Listen(addr string, p remote.Policy, resolve remote.Resolver, log *slog.Log
 	}
 	l := &Listener{
 		ch: ch, id: id, addr: netip.AddrPortFrom(ap.Addr(), id.Port()),
-		resolve: resolve, gate: remote.NewGate(p, log), log: log,
+		resolve: resolve, gate: gate.NewGate(p, log), log: log,
 		done: make(chan struct{}), conns: map[ibv.CMID]*conn{},
 	}
 	if err := unix.Pipe2(l.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {

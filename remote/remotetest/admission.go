@@ -18,6 +18,7 @@ import (
 
 	"mrfs/buffer"
 	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/verbs"
 )
 
@@ -26,7 +27,7 @@ type Transport struct {
 	// Listen serves p on a fresh listener whose peers are resolved by
 	// resolve, and returns the address to dial; the listener closes at
 	// the test's cleanup.
-	Listen func(t *testing.T, p remote.Policy, resolve remote.Resolver) string
+	Listen func(t *testing.T, p gate.Policy, resolve gate.Resolver) string
 	// Dial connects to addr and asks for the PD of dir with tok.
 	Dial func(ctx context.Context, addr, dir string, tok remote.Token) (remote.Conn, error)
 	// Idle connects to addr and says nothing: a connection still owing
@@ -52,8 +53,8 @@ func RunAdmission(t *testing.T, tr Transport) {
 	}
 	self := netip.PrefixFrom(tr.Peer, tr.Peer.BitLen())
 	other := netip.MustParsePrefix("192.0.2.0/24") // TEST-NET-1: never the peer
-	policy := func(max int, allow ...netip.Prefix) remote.Policy {
-		return remote.Policy{AllowFrom: allow, MaxConns: max, MaxMessage: 1 << 20, Timeout: 5 * time.Second}
+	policy := func(max int, allow ...netip.Prefix) gate.Policy {
+		return gate.Policy{AllowFrom: allow, MaxConns: max, MaxMessage: 1 << 20, Timeout: 5 * time.Second}
 	}
 	good, err := remote.ParseToken(tr.Domain.Token())
 	if err != nil {
@@ -63,7 +64,7 @@ func RunAdmission(t *testing.T, tr Transport) {
 	bad[0] ^= 1
 	for _, c := range []struct {
 		name string
-		p    remote.Policy
+		p    gate.Policy
 		dir  string
 		tok  remote.Token
 		want syscall.Errno // 0: admitted
@@ -170,7 +171,7 @@ func RunAdmission(t *testing.T, tr Transport) {
 	})
 
 	t.Run("still mounting", func(t *testing.T) {
-		var pending remote.Pending
+		var pending gate.Pending
 		addr := tr.Listen(t, policy(4, self), pending.Resolve)
 		wantRefusal(t, dialOnce(t, tr, addr, "/", good), syscall.EAGAIN)
 		pending.Set(resolve)

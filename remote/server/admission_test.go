@@ -9,6 +9,7 @@ import (
 	"mrfs/buffer"
 	"mrfs/remote"
 	"mrfs/remote/client"
+	"mrfs/remote/gate"
 	"mrfs/remote/remotetest"
 	"mrfs/remote/server"
 	"mrfs/verbs/soft"
@@ -31,7 +32,7 @@ func TestAdmission(t *testing.T) {
 		dev.Close()
 	})
 	remotetest.RunAdmission(t, remotetest.Transport{
-		Listen: func(t *testing.T, p remote.Policy, resolve remote.Resolver) string {
+		Listen: func(t *testing.T, p gate.Policy, resolve gate.Resolver) string {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"mrfs/remote"
 	"mrfs/remote/client"
+	"mrfs/remote/gate"
 )
 
 // BenchmarkRemote compares the soft protocol's WRITE and READ (one
@@ -33,7 +33,7 @@ func BenchmarkRemote(b *testing.B) {
 }
 
 func benchSoft(b *testing.B, size int, write bool) {
-	e := setup(b, remote.Policy{MaxMessage: 2 << 20})
+	e := setup(b, gate.Policy{MaxMessage: 2 << 20})
 	buf, err := e.mgr.Create(e.doms["/"], uint64(size), 0)
 	if err != nil {
 		b.Fatal(err)

@@ -4,7 +4,7 @@
 // operations through that PD's verbs.Responder (the soft backend), one at
 // a time, in order. The wire format is remote/proto (docs/PROTOCOL.md).
 //
-// Peers are not trusted. Admission is remote.Gate's, as on every
+// Peers are not trusted. Admission is gate.Gate's, as on every
 // transport: a peer outside allow_from or past max_connections is refused
 // on accept with HELLO_ERR and the errno; a connection takes a
 // max_connections slot only once its hello and token are accepted, and
@@ -35,16 +35,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/remote/proto"
 	"mrfs/verbs"
 )
 
 // Server accepts peers on one listener.
 type Server struct {
-	gate    *remote.Gate
-	p       remote.Policy
+	gate    *gate.Gate
+	p       gate.Policy
 	ln      net.Listener
-	resolve remote.Resolver
+	resolve gate.Resolver
 	log     *slog.Logger
 	wg      sync.WaitGroup // the accept loop and every connection
 
@@ -56,12 +57,12 @@ type Server struct {
 }
 
 // Serve accepts peers on ln under policy p until Close; resolve maps a
-// hello's directory to its PD (a remote.Pending while mrfs mounts).
-func Serve(ln net.Listener, p remote.Policy, resolve remote.Resolver, log *slog.Logger) *Server {
+// hello's directory to its PD (a gate.Pending while mrfs mounts).
+func Serve(ln net.Listener, p gate.Policy, resolve gate.Resolver, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{gate: remote.NewGate(p, log), p: p, ln: ln, resolve: resolve, log: log, conns: map[net.Conn]struct{}{}}
+	s := &Server{gate: gate.NewGate(p, log), p: p, ln: ln, resolve: resolve, log: log, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
 	go s.accept()
 	return s
@@ -164,7 +165,7 @@ func (s *Server) admit(c net.Conn) {
 // Closing it ends a hello read in progress.
 type pendingConn struct{ net.Conn }
 
-var _ remote.PendingConn = pendingConn{}
+var _ gate.PendingConn = pendingConn{}
 
 // HelloWaiting peeks at the socket: whether the first frame, as long as
 // its header says, has arrived whole. The connection's goroutine may be
@@ -205,7 +206,7 @@ type conn struct {
 	failed bool
 }
 
-func (s *Server) serve(c net.Conn, a *remote.Admission) {
+func (s *Server) serve(c net.Conn, a *gate.Admission) {
 	k := &conn{s: s, c: c, log: s.log.With("peer", c.RemoteAddr().String())}
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		k.addr = ta.AddrPort().Addr()
@@ -232,7 +233,7 @@ func (s *Server) serve(c net.Conn, a *remote.Admission) {
 // slot (the gate's second phase) and attaches the connection to the PD's
 // domain, so that rmdir and unmount close it before the PD goes. A
 // refusal is answered with HELLO_ERR and an errno.
-func (k *conn) hello(a *remote.Admission) (release, detach func(), err error) {
+func (k *conn) hello(a *gate.Admission) (release, detach func(), err error) {
 	k.c.SetReadDeadline(time.Now().Add(k.s.p.Timeout))
 	refuse := func(errno syscall.Errno, err error) (func(), func(), error) {
 		k.send(proto.Frame{Type: proto.TypeHelloErr, Errno: uint32(errno), Msg: err.Error()})

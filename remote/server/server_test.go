@@ -20,6 +20,7 @@ import (
 	"mrfs/buffer"
 	"mrfs/remote"
 	"mrfs/remote/client"
+	"mrfs/remote/gate"
 	"mrfs/remote/proto"
 	"mrfs/remote/server"
 	"mrfs/verbs"
@@ -65,7 +66,7 @@ func (e *env) waitLog(t *testing.T, s string, n int) {
 }
 
 // setup serves two PDs, "/" and "/b", of a soft device on loopback.
-func setup(t testing.TB, opt remote.Policy) *env {
+func setup(t testing.TB, opt gate.Policy) *env {
 	t.Helper()
 	dev, err := soft.New(soft.Options{}).Open("")
 	if err != nil {
@@ -154,7 +155,7 @@ func dial(t *testing.T, e *env, dir string) *client.Conn {
 }
 
 func TestOps(t *testing.T) {
-	e := setup(t, remote.Policy{})
+	e := setup(t, gate.Policy{})
 	b, info := e.buffer(t, "/", 8192)
 	c := dial(t, e, "/")
 	if c.PD() != e.doms["/"].PD() || c.MaxMessage() != 1<<20 {
@@ -200,7 +201,7 @@ func TestOps(t *testing.T) {
 // After an error the connection is an RC QP in ERROR: later operations
 // are flushed, even valid ones; a new connection works.
 func TestErrorStateFlushes(t *testing.T) {
-	e := setup(t, remote.Policy{})
+	e := setup(t, gate.Policy{})
 	_, info := e.buffer(t, "/", 4096)
 	_, other := e.buffer(t, "/b", 4096)
 	c := dial(t, e, "/")
@@ -225,7 +226,7 @@ func TestErrorStateFlushes(t *testing.T) {
 }
 
 func TestHelloRefused(t *testing.T) {
-	e := setup(t, remote.Policy{})
+	e := setup(t, gate.Policy{})
 	ctx := context.Background()
 	if _, err := client.Dial(ctx, e.addr, "/nope", e.tok("/nope")); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("Dial of a missing directory: %v, want ENOENT", err)
@@ -246,7 +247,7 @@ func TestHelloRefused(t *testing.T) {
 
 // rmdir (Domain.Close) closes the PD's connections before the PD goes.
 func TestDomainCloseEndsConnections(t *testing.T) {
-	e := setup(t, remote.Policy{})
+	e := setup(t, gate.Policy{})
 	c := dial(t, e, "/b")
 	if err := e.doms["/b"].Close(); err != nil {
 		t.Fatal(err)
@@ -258,14 +259,14 @@ func TestDomainCloseEndsConnections(t *testing.T) {
 }
 
 func TestAllowFrom(t *testing.T) {
-	e := setup(t, remote.Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	e := setup(t, gate.Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	if err := dialErr(e, "/"); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("a loopback peer with allow_from = 10.0.0.0/8: %v, want a refusal with EACCES", err)
 	}
 }
 
 func TestMaxConnections(t *testing.T) {
-	e := setup(t, remote.Policy{MaxConns: 1})
+	e := setup(t, gate.Policy{MaxConns: 1})
 	c := dial(t, e, "/")
 	if err := dialErr(e, "/"); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("a second peer with max_connections = 1: %v, want a refusal with EBUSY", err)
@@ -287,7 +288,7 @@ func TestMaxConnections(t *testing.T) {
 
 // Hostile peers end their own connection only; a good peer keeps working.
 func TestHostilePeers(t *testing.T) {
-	e := setup(t, remote.Policy{Timeout: 300 * time.Millisecond, MaxMessage: 4096})
+	e := setup(t, gate.Policy{Timeout: 300 * time.Millisecond, MaxMessage: 4096})
 	_, info := e.buffer(t, "/", 4096)
 	good := dial(t, e, "/")
 	hello, _ := proto.Append(nil, proto.Frame{Type: proto.TypeHello, Version: proto.Version, Path: "/", Token: e.tok("/")})
@@ -363,7 +364,7 @@ func TestHostilePeers(t *testing.T) {
 // A peer whose operations keep failing with REM_ACCESS_ERR (guessing
 // rkeys) gets its source refused for a while, even with the right token.
 func TestAccessErrorsRefuseTheSource(t *testing.T) {
-	e := setup(t, remote.Policy{FailLimit: 3, FailBlock: time.Minute})
+	e := setup(t, gate.Policy{FailLimit: 3, FailBlock: time.Minute})
 	_, info := e.buffer(t, "/", 4096)
 	for i := range 3 {
 		c := dial(t, e, "/")
@@ -381,7 +382,7 @@ func TestAccessErrorsRefuseTheSource(t *testing.T) {
 // of that size (the connection ends at its header).
 func TestFirstFrameReadToAHelloAtMost(t *testing.T) {
 	const body = 16 << 20
-	e := setup(t, remote.Policy{MaxMessage: body, Timeout: 300 * time.Millisecond})
+	e := setup(t, gate.Policy{MaxMessage: body, Timeout: 300 * time.Millisecond})
 	header := binary.BigEndian.AppendUint32([]byte{byte(proto.TypeWrite), 0, 0, 0}, 16+body)
 	header = append(header, make([]byte, 8)...)
 	var before, after runtime.MemStats
@@ -408,7 +409,7 @@ func TestFirstFrameReadToAHelloAtMost(t *testing.T) {
 // served: the hello is read alone, and the connection's reader gets the
 // rest.
 func TestHelloPipelined(t *testing.T) {
-	e := setup(t, remote.Policy{})
+	e := setup(t, gate.Policy{})
 	b, info := e.buffer(t, "/", 4096)
 	b.WriteAt([]byte("before"), 100)
 	var wire []byte
@@ -487,7 +488,7 @@ func TestHelloFailuresCount(t *testing.T) {
 		}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e := setup(t, remote.Policy{FailLimit: 2, Timeout: 200 * time.Millisecond})
+			e := setup(t, gate.Policy{FailLimit: 2, Timeout: 200 * time.Millisecond})
 			c.fail(t, e)
 			c.fail(t, e)
 			e.waitLog(t, "hello failed", 2)

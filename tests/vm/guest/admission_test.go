@@ -9,6 +9,7 @@ import (
 
 	mbuffer "mrfs/buffer"
 	"mrfs/remote"
+	"mrfs/remote/gate"
 	"mrfs/remote/rdmacm"
 	"mrfs/remote/remotetest"
 	"mrfs/verbs"
@@ -41,7 +42,7 @@ func TestAdmissionRDMACM(t *testing.T) {
 		dev.Close()
 	})
 	remotetest.RunAdmission(t, remotetest.Transport{
-		Listen: func(t *testing.T, pol remote.Policy, resolve remote.Resolver) string {
+		Listen: func(t *testing.T, pol gate.Policy, resolve gate.Resolver) string {
 			l, err := rdmacm.Listen(listenAddr, pol, resolve, nil)
 			if err != nil {
 				t.Fatal(err)

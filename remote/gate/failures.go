@@ -1,4 +1,4 @@
-package remote
+package gate
 
 import (
 	"net/netip"

@@ -1,16 +1,49 @@
-package remote
+// Package gate is what every remote listener enforces, in one place so
+// that the transports cannot disagree: the admission policy ([remote]:
+// Policy, applied by a Gate: allowed networks, connections, the hello
+// phase, PD tokens), the rule against guessing (failures.go), the
+// directory lookup (Resolver, Pending) and the peers' log lines
+// (PeerLog). remote/server (soft) and remote/rdmacm (rdma_cm) apply it;
+// package remote holds what a peer uses.
+package gate
 
 import (
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"mrfs/buffer"
+	"mrfs/remote"
 	"mrfs/verbs"
 )
+
+// Resolver maps the directory a peer names, relative to the mount's root
+// ("/" is the root), to its protection domain (tree.Tree.Domain). Errors
+// wrap an errno (ENOENT, ENOTDIR) that is reported to the peer.
+type Resolver func(dir string) (*buffer.Domain, error)
+
+// Pending is the Resolver of a transport bound before the mount exists
+// (so that a busy port fails before anything is mounted): until Set, it
+// refuses every peer with EAGAIN.
+type Pending struct {
+	r atomic.Pointer[Resolver]
+}
+
+// Set makes p answer with r from now on.
+func (p *Pending) Set(r Resolver) { p.r.Store(&r) }
+
+// Resolve is p as a Resolver.
+func (p *Pending) Resolve(dir string) (*buffer.Domain, error) {
+	r := p.r.Load()
+	if r == nil {
+		return nil, fmt.Errorf("mrfs is still mounting: %w", syscall.EAGAIN)
+	}
+	return (*r)(dir)
+}
 
 // Policy is [remote]: who may connect, and what a connection may do.
 // Every transport applies it through a Gate.
@@ -330,7 +363,7 @@ func (g *Gate) Resolve(peer netip.Addr, resolve Resolver, dir string) (*buffer.D
 	if err == nil {
 		return dom, nil
 	}
-	if e := Errno(err, syscall.ENOENT); e == syscall.ENOENT || e == syscall.ENOTDIR {
+	if e := remote.Errno(err, syscall.ENOENT); e == syscall.ENOENT || e == syscall.ENOTDIR {
 		g.Failed(peer, "directory")
 	}
 	return nil, fmt.Errorf("directory %q: %w", dir, err)
