@@ -211,13 +211,6 @@ func (f *File) Path() (p string, ok bool) {
 	return path.Join(dir.Path(), name), true
 }
 
-// Dir is the file's directory; ok is false once it was unlinked.
-func (f *File) Dir() (d *Dir, ok bool) {
-	f.t.mu.RLock()
-	defer f.t.mu.RUnlock()
-	return f.parent, f.parent != nil
-}
-
 // SetAccess re-registers the file's buffer with a (buffer.SetAccess).
 func (f *File) SetAccess(a verbs.Access) error {
 	err := f.buf.SetAccess(a)
