@@ -182,10 +182,12 @@ func TestMrfsUmountLazy(t *testing.T) {
 	}
 }
 
-// TestStatusTable: `mrfs status` lists buffers with keys and access.
+// TestStatusTable: `mrfs status` lists buffers with keys and access;
+// run by a user who may not read a directory, it lists the rest, names
+// that directory, and its buffers still count in the totals.
 func TestStatusTable(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemonConfig{})
+	d := startDaemon(t, daemonConfig{Mount: "allow_other = true"})
 	makeBuffer(t, d.path("alpha.buf"), 4<<20)
 	mustSetxattr(t, d.path("alpha.buf"), xAccess, "local_write,remote_read")
 	if err := os.Mkdir(d.path("tenant"), 0o700); err != nil {
@@ -230,6 +232,17 @@ func TestStatusTable(t *testing.T) {
 	_, _, err := run(t, mrfsBin, "status", t.TempDir())
 	if err == nil {
 		t.Errorf("mrfs status on a directory that is not an mrfs mount succeeded")
+	}
+
+	for p := d.mnt; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nb, err := asNobody(mrfsBin, "status", d.mnt).CombinedOutput()
+	if err != nil || !strings.Contains(string(nb), "\nalpha.buf ") || strings.Contains(string(nb), "beta.buf") ||
+		!strings.Contains(string(nb), "not readable by this user: tenant\n") || !strings.Contains(string(nb), "totals: 3 buffers") {
+		t.Errorf("mrfs status as uid 65534, with tenant 0700: %v\n%s", err, nb)
 	}
 }
 

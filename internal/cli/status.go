@@ -7,8 +7,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
-	"mrfs/desc"
-	"mrfs/internal/bytesize"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -17,6 +16,9 @@ import (
 	"unicode"
 
 	"golang.org/x/sys/unix"
+
+	"mrfs/desc"
+	"mrfs/internal/bytesize"
 )
 
 // rootStats is the part of user.mrfs.stats status shows.
@@ -88,7 +90,7 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	if err := json.Unmarshal(raw, &st); err != nil {
 		return fmt.Errorf("%s: bad user.mrfs.stats: %w", dir, err)
 	}
-	unreadable, pools, err := listBuffers(dir, stdout, st)
+	unreadable, pools, err := listBuffers(dir, stdout, st, bufferRow)
 	if err != nil {
 		return err
 	}
@@ -99,38 +101,65 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// listBuffers prints a row per buffer under dir (streaming: a buffer at
-// a time); it returns the directories this user may not read and a line
-// per pool.
-func listBuffers(dir string, stdout io.Writer, st rootStats) (unreadable, pools []string, err error) {
+// statusBlock is how many rows `mrfs status` prints at a time: a mount
+// of a million buffers streams rather than waiting for the last row
+// (each block has its own column widths).
+const statusBlock = 1024
+
+// listBuffers prints a row (row(path)) per buffer under dir, depth first
+// in directory order (the mount lists names sorted), reading directories
+// and printing rows a block at a time; it returns the directories this
+// user may not read and a line per pool.
+func listBuffers(dir string, stdout io.Writer, st rootStats, row func(path string) []string) (unreadable, pools []string, err error) {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tPD\tLENGTH\tSTATE\tLKEY\tRKEY\tADDR\tACCESS")
-	walkErr := filepath.WalkDir(dir, func(path string, d iofs.DirEntry, err error) error {
+	rows := 0
+	var walk func(path string) error
+	walk = func(path string) error {
 		rel, _ := filepath.Rel(dir, path)
-		if err != nil {
-			// A directory this user may not read: its buffers are
-			// still in the totals below.
-			if errors.Is(err, iofs.ErrPermission) {
-				unreadable = append(unreadable, rel)
-				return filepath.SkipDir
-			}
+		if v, err := getxattr(path, "user.mrfs.pool"); err == nil {
+			pools = append(pools, poolLine(rel, path, string(v), st.Pools))
+		}
+		d, err := os.Open(path)
+		if errors.Is(err, iofs.ErrPermission) {
+			// Its buffers are still in the totals.
+			unreadable = append(unreadable, rel)
+			return nil
+		} else if err != nil {
 			return err
 		}
-		if d.IsDir() {
-			if v, err := getxattr(path, "user.mrfs.pool"); err == nil {
-				pools = append(pools, poolLine(rel, path, string(v), st.Pools))
+		defer d.Close()
+		for {
+			entries, err := d.ReadDir(statusBlock)
+			for _, e := range entries {
+				p := filepath.Join(path, e.Name())
+				if e.IsDir() {
+					if err := walk(p); err != nil {
+						return err
+					}
+					continue
+				}
+				name, _ := filepath.Rel(dir, p)
+				if strings.ContainsFunc(name, unicode.IsControl) {
+					name = strconv.Quote(name) // keep one line per buffer
+				}
+				fmt.Fprintf(tw, "%s\t%s\n", name, strings.Join(row(p), "\t"))
+				if rows++; rows%statusBlock == 0 {
+					tw.Flush()
+				}
 			}
-			return nil
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
 		}
-		if strings.ContainsFunc(rel, unicode.IsControl) {
-			rel = strconv.Quote(rel) // keep one line per buffer
-		}
-		fmt.Fprintf(tw, "%s\t%s\n", rel, strings.Join(bufferRow(path), "\t"))
-		return nil
-	})
+	}
+	err = walk(dir)
 	tw.Flush()
-	if walkErr != nil {
-		return nil, nil, fmt.Errorf("walk %s: %w", dir, walkErr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("walk %s: %w", dir, err)
 	}
 	return unreadable, pools, nil
 }
