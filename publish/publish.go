@@ -156,8 +156,9 @@ func (p *Publisher) ChangedBuffer(b *buffer.Buffer) {
 	}
 }
 
-// Published says whether n has a key in etcd: a file, or any file under
-// a directory (the answer is then yes: its files are not counted).
+// Published says whether a change of n may take a key away, so that its
+// caller should Wait: a file that has a key in etcd, and any directory
+// (its files are not looked at).
 func (p *Publisher) Published(n tree.Node) bool {
 	f, ok := n.(*tree.File)
 	if !ok {
