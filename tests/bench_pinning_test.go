@@ -125,13 +125,17 @@ func benchPerBuffer(b *testing.B) {
 // raiseMapCount raises vm.max_map_count for the benchmark and puts it
 // back after: 100,000 registered buffers, or pool slots, are 100,000
 // mappings, past the default 65530 (where the daemon names that limit).
-func raiseMapCount(b *testing.B) {
+func raiseMapCount(b *testing.B) { raiseMapCountTo(b, 262144) }
+
+// raiseMapCountTo raises vm.max_map_count to n for the benchmark and puts
+// it back after.
+func raiseMapCountTo(b *testing.B, n int) {
 	const mapCount = "/proc/sys/vm/max_map_count"
 	old, err := os.ReadFile(mapCount)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(mapCount, []byte("262144"), 0o644); err != nil {
+	if err := os.WriteFile(mapCount, []byte(strconv.Itoa(n)), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.WriteFile(mapCount, old, 0o644) })
