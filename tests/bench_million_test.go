@@ -18,7 +18,8 @@ import (
 // BenchmarkMillion: issue 21's million buffers. MRFS_BENCH_BUFFERS (by
 // default 1,000,000) registered 4 KiB buffers in one mount on soft, in
 // 100 directories, in a memory cgroup of its own, with vm.max_map_count
-// raised for the run and put back. Two threads create them
+// raised for the run and put back, and the soft device's max_mr past
+// rxe's 524,287 (each is one region). Two threads create them
 // (open, ftruncate, close). Reported: the create rate over the last
 // 10,000 against the first 10,000 (no slowdown with size), the daemon's
 // resident memory per buffer beyond its page, `ls -lR`, `du -s` and
@@ -35,7 +36,10 @@ func BenchmarkMillion(b *testing.B) {
 	const dirs, window = 100, 10000
 	raiseMapCountTo(b, n+n/4+65536)
 	wrap := memCgroup(b, uint64(n)*12<<10+1<<30)
-	d := startDaemon(b, daemonConfig{Quiet: true, Wrapper: wrap, Buffers: fmt.Sprintf("max_buffers = %d", n+1000), Hang: time.Hour})
+	// Each buffer is one region: past rxe's max_mr (524,287), which the
+	// soft device models by default.
+	d := startDaemon(b, daemonConfig{Quiet: true, Wrapper: wrap, Verbs: fmt.Sprintf("soft_max_mr = %d", n+1000),
+		Buffers: fmt.Sprintf("max_buffers = %d", n+1000), Hang: time.Hour})
 	tmp := b.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "nr_inodes=0,size=1g", "bench", tmp).CombinedOutput(); err != nil {
 		b.Fatalf("mount a tmpfs: %v: %s", err, out)
