@@ -37,7 +37,6 @@ func (e *events) Deregistered(n uint64) {
 	e.deres++
 }
 
-func (e *events) Slot(bool)              {}
 func (e *events) Changed(*buffer.Buffer) {}
 
 func (e *events) LimitHit(limit string) {

@@ -61,9 +61,6 @@ type Events interface {
 	Registered(n uint64, took time.Duration)
 	// Deregistered: a region of n bytes was deregistered.
 	Deregistered(n uint64)
-	// Slot: a pool file took a slot (taken) or gave it back: its keys
-	// came or went without a registration of its own.
-	Slot(taken bool)
 	// Changed: b's registration changed (its keys, regions, length or
 	// generation) or went, but for a Free, which its caller knows of.
 	// Called with b's lock held: hear of it and return.

@@ -889,8 +889,5 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	m.mu.Lock()
 	m.forgetLocked(b)
 	m.mu.Unlock()
-	if b.slot != nil {
-		m.events.Slot(false)
-	}
 	return nregions, unpinned, nil
 }

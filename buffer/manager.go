@@ -118,7 +118,6 @@ type noEvents struct{}
 func (noEvents) Registered(uint64, time.Duration) {}
 func (noEvents) Deregistered(uint64)              {}
 func (noEvents) LimitHit(string)                  {}
-func (noEvents) Slot(bool)                        {}
 func (noEvents) Changed(*Buffer)                  {}
 
 // Device is the device buffers are registered on.

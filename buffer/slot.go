@@ -37,7 +37,6 @@ func (m *Manager) createSlot(p *Pool, owner uint32) (*Buffer, error) {
 	b.slot = &slotRef{p: p, i: i, addr: addr}
 	b.f = slotFile{b.slot}
 	b.size = p.slot
-	m.events.Slot(true)
 	return b, nil
 }
 

@@ -82,9 +82,6 @@ func (m *Metrics) Registered(n uint64, took time.Duration) {
 // Deregistered is buffer.Events.
 func (m *Metrics) Deregistered(n uint64) { m.deregistrations.Inc() }
 
-// Slot is buffer.Events: a pool's slots are counted at each scrape.
-func (m *Metrics) Slot(bool) {}
-
 // Changed is buffer.Events: what changed is counted above.
 func (m *Metrics) Changed(*buffer.Buffer) {}
 

@@ -40,12 +40,6 @@ func (e *publishing) Deregistered(n uint64) {
 	}
 }
 
-func (e *publishing) Slot(taken bool) {
-	if e.next != nil {
-		e.next.Slot(taken)
-	}
-}
-
 func (e *publishing) Changed(b *buffer.Buffer) {
 	if e.next != nil {
 		e.next.Changed(b)

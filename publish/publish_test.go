@@ -186,7 +186,6 @@ type events struct {
 
 func (events) Registered(uint64, time.Duration) {}
 func (events) Deregistered(uint64)              {}
-func (events) Slot(bool)                        {}
 func (events) LimitHit(string)                  {}
 func (e events) Changed(b *buffer.Buffer) {
 	if p := e.p.Load(); p != nil {
