@@ -16,11 +16,8 @@ import (
 
 // publishing is the mount's [publish]: it passes the buffers' events on
 // to the metrics and tells the publisher which buffer (Changed) or which
-// node of the tree (changed: tree.Options.Changed) changed. For a node
-// that was published it waits until etcd holds the change, so an rm or
-// an access removed has taken the key away by the time the call returns.
-// Until the publisher starts, and without [publish], it only passes the
-// events on.
+// node of the tree (changed: tree.Options.Changed) changed. Until the
+// publisher starts, and without [publish], it only passes the events on.
 type publishing struct {
 	next buffer.Events // the metrics', or nil
 	p    atomic.Pointer[publish.Publisher]
@@ -57,14 +54,8 @@ func (e *publishing) LimitHit(limit string) {
 
 // changed is tree.Options.Changed.
 func (e *publishing) changed(n tree.Node) {
-	p := e.p.Load()
-	if p == nil {
-		return
-	}
-	was := p.Published(n)
-	seq := p.Changed(n)
-	if was {
-		p.Wait(seq)
+	if p := e.p.Load(); p != nil {
+		p.Changed(n)
 	}
 }
 

@@ -9,8 +9,8 @@
 // Publication is incremental: the tree and the buffers say which file
 // changed (Changed, ChangedBuffer), a record per file coalesces changes
 // until the next pass, and a pass does for each record at most a delete
-// and a put, batched into transactions: no walk of the tree. A removal
-// can be waited for (Wait), so a key is gone before the unlink or access
+// and a put, batched into transactions: no walk of the tree. Changed
+// waits for a removal, so a key is gone before the unlink or access
 // change that removed it returns.
 //
 // Every key lives under one lease the publisher keeps alive (a pass every
@@ -126,10 +126,21 @@ func Start(opt Options) (*Publisher, error) {
 	return p, nil
 }
 
-// Changed records that n's name, existence or keys changed (a
-// directory: of every file under it) and starts a pass; the returned
-// number is for Wait.
-func (p *Publisher) Changed(n tree.Node) uint64 {
+// Changed is tree.Options.Changed: it records that n's name, existence
+// or keys changed (a directory: of every file under it) and, when that
+// may take a key away (n was published), waits until etcd holds the
+// change, so an rm, an mv or an access taken away has removed the key
+// by the time the call returns.
+func (p *Publisher) Changed(n tree.Node) {
+	was := p.published(n)
+	if seq := p.record(n); was {
+		p.wait(seq)
+	}
+}
+
+// record records a change of n and starts a pass; the returned number
+// is for wait.
+func (p *Publisher) record(n tree.Node) uint64 {
 	p.mu.Lock()
 	switch n := n.(type) {
 	case *tree.File:
@@ -147,19 +158,18 @@ func (p *Publisher) Changed(n tree.Node) uint64 {
 	return seq
 }
 
-// ChangedBuffer is Changed for the file of b (buffer.Events.Changed):
-// nothing for a buffer no file holds yet, whose Create is recorded once
-// it has its name.
+// ChangedBuffer records a change of b's file (buffer.Events.Changed,
+// called under b's lock: it never waits); nothing for a buffer no file
+// holds yet, whose Create is recorded once it has its name.
 func (p *Publisher) ChangedBuffer(b *buffer.Buffer) {
 	if f, ok := b.Aux().(*tree.File); ok {
-		p.Changed(f)
+		p.record(f)
 	}
 }
 
-// Published says whether a change of n may take a key away, so that its
-// caller should Wait: a file that has a key in etcd, and any directory
-// (its files are not looked at).
-func (p *Publisher) Published(n tree.Node) bool {
+// published says whether a change of n may take a key away: a file that
+// has a key in etcd, and any directory (its files are not looked at).
+func (p *Publisher) published(n tree.Node) bool {
 	f, ok := n.(*tree.File)
 	if !ok {
 		return true
@@ -170,9 +180,9 @@ func (p *Publisher) Published(n tree.Node) bool {
 	return ok
 }
 
-// Wait waits until the changes recorded up to seq are in etcd, or etcd
+// wait waits until the changes recorded up to seq are in etcd, or etcd
 // is found unreachable, or opTimeout has passed.
-func (p *Publisher) Wait(seq uint64) {
+func (p *Publisher) wait(seq uint64) {
 	timeout := time.NewTimer(opTimeout)
 	defer timeout.Stop()
 	for {

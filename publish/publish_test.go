@@ -137,7 +137,8 @@ type published struct {
 	prefix    string
 }
 
-func startPublished(t *testing.T, e *etcd, lease time.Duration, mount string) *published {
+// delay is Options.Delay: each pass waits that long before it writes.
+func startPublished(t *testing.T, e *etcd, lease time.Duration, mount string, delay time.Duration) *published {
 	t.Helper()
 	dev, err := soft.New(soft.Options{}).Open("")
 	if err != nil {
@@ -148,10 +149,7 @@ func startPublished(t *testing.T, e *etcd, lease time.Duration, mount string) *p
 	s := &published{prefix: "/t/h/" + mount + "/"}
 	tr, err := tree.New(mgr, tree.Options{DefaultSize: 4096, DefaultAccess: allRemote, Changed: func(n tree.Node) {
 		if p := p.Load(); p != nil {
-			was := p.Published(n)
-			if seq := p.Changed(n); was {
-				p.Wait(seq)
-			}
+			p.Changed(n)
 		}
 	}}, allRemote, tree.Owner{}, 0o755)
 	if err != nil {
@@ -160,7 +158,7 @@ func startPublished(t *testing.T, e *etcd, lease time.Duration, mount string) *p
 	s.tr = tr
 	s.p, err = publish.Start(publish.Options{
 		Endpoints: []string{e.url}, Prefix: "/t", Lease: lease, Host: "h", Mount: mount,
-		Listen: func() string { return "tcp 127.0.0.1:7471" }, Tree: tr, Log: slog.New(slog.DiscardHandler),
+		Listen: func() string { return "tcp 127.0.0.1:7471" }, Tree: tr, Log: slog.New(slog.DiscardHandler), Delay: delay,
 		Describe: func(b *buffer.Buffer) (desc.Desc, buffer.Info, bool) {
 			s.describes.Add(1)
 			in := b.Info()
@@ -218,7 +216,9 @@ func (e *etcd) waitKeys(t *testing.T, prefix string, n int, within time.Duration
 // call returns.
 func TestPerChangeCost(t *testing.T) {
 	e := startEtcd(t)
-	s := startPublished(t, e, 3*time.Second, "mnt/a")
+	// Each pass waits before it writes: a removal that Changed did not
+	// wait for is still in etcd when the call returns.
+	s := startPublished(t, e, 3*time.Second, "mnt/a", 100*time.Millisecond)
 	const n = 10000
 	root := s.tr.Root()
 	for i := range n {
@@ -237,7 +237,7 @@ func TestPerChangeCost(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		check(e.keys(t, s.prefix))
-		time.Sleep(300 * time.Millisecond) // every pass it started is over
+		time.Sleep(600 * time.Millisecond) // every pass it started is over
 		r1, w1 := e.requests(t)
 		d1 := s.describes.Load()
 		// The test's own Get in check is one request.
@@ -310,7 +310,7 @@ func TestPerChangeCost(t *testing.T) {
 // does not delete it); exchanging two files swaps their values.
 func TestRenameOverTakesTheKey(t *testing.T) {
 	e := startEtcd(t)
-	s := startPublished(t, e, 10*time.Second, "m")
+	s := startPublished(t, e, 10*time.Second, "m", 0)
 	root := s.tr.Root()
 	a, err := root.Create("a", tree.Owner{}, 0o600, nil)
 	if err != nil {
@@ -355,8 +355,8 @@ func TestRenameOverTakesTheKey(t *testing.T) {
 // the keys its name left and not the other's.
 func TestNewLeaseClearsOnlyItsMount(t *testing.T) {
 	e := startEtcd(t)
-	a := startPublished(t, e, 10*time.Second, "mnt/a")
-	b := startPublished(t, e, 10*time.Second, "mnt/ab")
+	a := startPublished(t, e, 10*time.Second, "mnt/a", 0)
+	b := startPublished(t, e, 10*time.Second, "mnt/ab", 0)
 	for _, s := range []*published{a, b} {
 		if _, err := s.tr.Root().Create("x", tree.Owner{}, 0o600, nil); err != nil {
 			t.Fatal(err)
@@ -369,7 +369,7 @@ func TestNewLeaseClearsOnlyItsMount(t *testing.T) {
 	if _, err := e.c.Put(ctx, a.prefix+"stale", "{}"); err != nil {
 		t.Fatal(err)
 	}
-	a2 := startPublished(t, e, 10*time.Second, "mnt/a")
+	a2 := startPublished(t, e, 10*time.Second, "mnt/a", 0)
 	if _, err := a2.tr.Root().Create("y", tree.Owner{}, 0o600, nil); err != nil {
 		t.Fatal(err)
 	}
