@@ -56,8 +56,6 @@ var (
 	_ = (fusefs.NodeRemovexattrer)((*dirNode)(nil))
 )
 
-func hex32(v uint32) string { return "0x" + strconv.FormatUint(uint64(v), 16) }
-
 // fileXattr returns the value of a file attribute. Keys, address and desc
 // exist only while the buffer is registered.
 func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
@@ -77,11 +75,11 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	var v string
 	switch name {
 	case xattrLKey:
-		v = hex32(info.LKey)
+		v = desc.Key(info.LKey).String()
 	case xattrRKey:
-		v = hex32(info.RKey)
+		v = desc.Key(info.RKey).String()
 	case xattrAddr:
-		v = hexAddr(info.Addr)
+		v = desc.Hex(info.Addr).String()
 	case xattrLength:
 		v = strconv.FormatUint(info.Length, 10)
 	case xattrAccess:
@@ -101,8 +99,6 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	}
 	return []byte(v), 0
 }
-
-func hexAddr(a uintptr) string { return "0x" + strconv.FormatUint(uint64(a), 16) }
 
 func boolString(b bool) string {
 	if b {
@@ -366,7 +362,7 @@ func (fsys *filesystem) statsJSON() []byte {
 		in := p.Info()
 		sp := statsPool{SlotSize: in.Slot, Slots: in.Slots, Used: in.Used, Chunks: in.Chunks, Access: in.Access.String()}
 		for _, r := range in.Regions {
-			sp.RKeys = append(sp.RKeys, hex32(r.RKey))
+			sp.RKeys = append(sp.RKeys, desc.Key(r.RKey).String())
 		}
 		if pools == nil {
 			pools = map[string]statsPool{}
