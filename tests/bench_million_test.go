@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -122,14 +121,7 @@ func BenchmarkMillion(b *testing.B) {
 	}
 	b.Logf("million-bench: | mrfs status of %d | %v |", n, timed(mrfsBin, "status", d.mnt).Round(time.Millisecond))
 
-	d.stoppedByTest = true
-	t0 := time.Now()
-	d.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-d.done:
-		b.Logf("million-bench: | teardown of %d | %v | exit %d |", n, time.Since(t0).Round(time.Millisecond), d.cmd.ProcessState.ExitCode())
-	case <-time.After(20 * time.Minute):
-		b.Errorf("no teardown within 20 minutes")
-		d.kill()
+	if took, ok := timedTeardown(b, d, 20*time.Minute); ok {
+		b.Logf("million-bench: | teardown of %d | %v | exit %d |", n, took.Round(time.Millisecond), d.cmd.ProcessState.ExitCode())
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -169,14 +168,7 @@ func BenchmarkPublish(b *testing.B) {
 			r.n, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.max.Round(time.Microsecond), r.cores)
 	}
 	b.Logf("publish-bench: | ratio 100,000 / 1,000 | p99 %.2f | daemon CPU %.2f |", rl.p99.Seconds()/rs.p99.Seconds(), rl.cores/rs.cores)
-	d.stoppedByTest = true
-	d.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-d.done:
-	case <-time.After(5 * time.Minute):
-		b.Errorf("no teardown within 5 minutes")
-		d.kill()
-	}
+	timedTeardown(b, d, 5*time.Minute)
 }
 
 // procCPU is the CPU time (user and system) process pid has used.
