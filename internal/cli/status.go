@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -121,7 +120,7 @@ func listBuffers(dir string, stdout io.Writer, st rootStats, row func(path strin
 			pools = append(pools, poolLine(rel, path, string(v), st.Pools))
 		}
 		d, err := os.Open(path)
-		if errors.Is(err, iofs.ErrPermission) {
+		if errors.Is(err, os.ErrPermission) {
 			// Its buffers are still in the totals.
 			unreadable = append(unreadable, rel)
 			return nil
