@@ -16,6 +16,7 @@ import (
 	"mrfs/buffer"
 	"mrfs/fs"
 	"mrfs/internal/config"
+	"mrfs/internal/gcpace"
 	"mrfs/store"
 	"mrfs/tree"
 	"mrfs/verbs"
@@ -59,6 +60,7 @@ func Run(opt Options) error {
 	if err != nil {
 		return err
 	}
+	defer gcpace.Start(log)()
 	unmounted := make(chan struct{})
 	go func() {
 		p.srv.Wait()

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -49,8 +50,9 @@ func PageSizeAt(p unsafe.Pointer) (size uint64, ok bool) {
 	return pageSize, true
 }
 
-// hugeSize is the PMD size the kernel uses for transparent huge pages.
-func hugeSize() uint64 {
+// hugeSize is the PMD size the kernel uses for transparent huge pages. It
+// is read once: it is fixed at boot, and every buffer's creation asks.
+var hugeSize = sync.OnceValue(func() uint64 {
 	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
 	if err == nil {
 		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > 0 {
@@ -58,4 +60,4 @@ func hugeSize() uint64 {
 		}
 	}
 	return 2 << 20
-}
+})

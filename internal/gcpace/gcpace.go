@@ -1,0 +1,68 @@
+// Package gcpace bounds the daemon's garbage-collector headroom in bytes.
+//
+// The Go runtime lets the heap grow by GOGC percent of what is live before
+// it collects: with the default of 100 a daemon that holds a million
+// buffers keeps as much memory again as headroom, about a kilobyte per
+// buffer. mrfs's heap is mostly long-lived buffer records, so a fixed
+// headroom of a few tens of megabytes costs little CPU at any size; Start
+// sets the percentage that gives it, from the live heap, once a second.
+package gcpace
+
+import (
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"runtime/metrics"
+	"time"
+)
+
+// Headroom is what the heap may grow past its live bytes between
+// collections, once the live heap is past Headroom itself (below it, the
+// runtime's default of 100% applies).
+const Headroom = 64 << 20
+
+// MinPercent keeps collections from running back to back on a huge heap.
+const MinPercent = 5
+
+// Percent is the GOGC that gives headroom bytes over live bytes, within
+// [MinPercent, 100].
+func Percent(live, headroom uint64) int {
+	if live <= headroom {
+		return 100
+	}
+	return max(MinPercent, int(headroom*100/live))
+}
+
+const liveMetric = "/gc/heap/live:bytes"
+
+// Start paces the collector until stop is called. A GOGC set in the
+// environment is the user's choice and is left alone.
+func Start(log *slog.Logger) (stop func()) {
+	if v, ok := os.LookupEnv("GOGC"); ok {
+		log.Debug("gc: GOGC is set; not pacing the collector", "GOGC", v)
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		sample := []metrics.Sample{{Name: liveMetric}}
+		last := 100
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			metrics.Read(sample)
+			if sample[0].Value.Kind() != metrics.KindUint64 {
+				return // a runtime without the metric: keep its default
+			}
+			if p := Percent(sample[0].Value.Uint64(), Headroom); p != last {
+				debug.SetGCPercent(p)
+				last = p
+			}
+		}
+	}()
+	return func() { close(done) }
+}
