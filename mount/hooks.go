@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"mrfs/buffer"
+	"mrfs/internal/gcpace"
 )
 
 // pauseEnv names a test hook. Set to 1, the daemon stops between the
@@ -39,6 +40,24 @@ func testMapReserve(log *slog.Logger) int {
 		return 0
 	}
 	log.Warn("test hook: the daemon keeps this many mappings below vm.max_map_count", "hook", mapReserveEnv, "reserve", n)
+	return n
+}
+
+// gcHeadroomEnv is a test hook: the GC headroom in bytes, small enough
+// for a test's few buffers to move GOGC. Logged at warn.
+const gcHeadroomEnv = "MRFS_TEST_GC_HEADROOM"
+
+func gcHeadroom(log *slog.Logger) uint64 {
+	v := os.Getenv(gcHeadroomEnv)
+	if v == "" {
+		return gcpace.Headroom
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n == 0 {
+		log.Warn("ignoring a test hook that is not a positive byte count", "hook", gcHeadroomEnv, "value", v)
+		return gcpace.Headroom
+	}
+	log.Warn("test hook: the garbage collector's headroom", "hook", gcHeadroomEnv, "bytes", n)
 	return n
 }
 

@@ -60,7 +60,7 @@ func Run(opt Options) error {
 	if err != nil {
 		return err
 	}
-	defer gcpace.Start(log)()
+	defer gcpace.Start(gcHeadroom(log), log)()
 	unmounted := make(chan struct{})
 	go func() {
 		p.srv.Wait()

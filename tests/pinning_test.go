@@ -423,3 +423,20 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("stats has no users map: %v", raw)
 	}
 }
+
+// The daemon paces its garbage collector for a fixed headroom (gcpace):
+// with a 1 MiB headroom its few MiB of live heap bring GOGC below 100
+// within seconds, as /metrics shows.
+func TestGCPaced(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Metrics: `listen = "127.0.0.1:0"`, Env: []string{"MRFS_TEST_GC_HEADROOM=1048576"}})
+	url := metricsURL(t, d)
+	makeBuffer(t, d.path("a"), 1<<20)
+	var p float64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if p = scrape(t, url)["go_gc_gogc_percent"]; p > 0 && p < 100 {
+			return
+		}
+	}
+	t.Errorf("go_gc_gogc_percent is %v after 10 s with 1 MiB of headroom, want below 100", p)
+}

@@ -35,9 +35,9 @@ func Percent(live, headroom uint64) int {
 
 const liveMetric = "/gc/heap/live:bytes"
 
-// Start paces the collector until stop is called. A GOGC set in the
-// environment is the user's choice and is left alone.
-func Start(log *slog.Logger) (stop func()) {
+// Start paces the collector for headroom bytes until stop is called. A
+// GOGC set in the environment is the user's choice and is left alone.
+func Start(headroom uint64, log *slog.Logger) (stop func()) {
 	if v, ok := os.LookupEnv("GOGC"); ok {
 		log.Debug("gc: GOGC is set; not pacing the collector", "GOGC", v)
 		return func() {}
@@ -58,7 +58,7 @@ func Start(log *slog.Logger) (stop func()) {
 			if sample[0].Value.Kind() != metrics.KindUint64 {
 				return // a runtime without the metric: keep its default
 			}
-			if p := Percent(sample[0].Value.Uint64(), Headroom); p != last {
+			if p := Percent(sample[0].Value.Uint64(), headroom); p != last {
 				debug.SetGCPercent(p)
 				last = p
 			}

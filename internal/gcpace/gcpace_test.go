@@ -40,14 +40,14 @@ func TestStartPaces(t *testing.T) {
 
 	t.Run("GOGC set", func(t *testing.T) {
 		t.Setenv("GOGC", "100")
-		stop := Start(log)
+		stop := Start(Headroom, log)
 		time.Sleep(2500 * time.Millisecond)
 		stop()
 		if p := current(); p != 100 {
 			t.Errorf("GOGC is %d with GOGC=100 in the environment, want it left at 100", p)
 		}
 	})
-	stop := Start(log)
+	stop := Start(Headroom, log)
 	defer stop()
 	deadline := time.Now().Add(10 * time.Second)
 	for current() == 100 && time.Now().Before(deadline) {
