@@ -20,12 +20,11 @@ type bufferNode struct {
 	fusefs.Inode
 	fsys *filesystem
 	f    *tree.File
-	buf  *buffer.Buffer // f's, never changed
 }
 
 // newBufferNode makes f's FUSE node and keeps it in f's Aux slot.
 func newBufferNode(fsys *filesystem, f *tree.File) *bufferNode {
-	n := &bufferNode{fsys: fsys, f: f, buf: f.Buffer()}
+	n := &bufferNode{fsys: fsys, f: f}
 	f.SetAux(n)
 	return n
 }
@@ -57,7 +56,7 @@ func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse
 // own requests, as a directory's do; trusting them saves a GETATTR at
 // its first write.
 func (n *bufferNode) attrTimeout() time.Duration {
-	if n.buf.InPool() {
+	if n.f.Buffer().InPool() {
 		return dirAttrTimeout
 	}
 	return 0
@@ -91,7 +90,7 @@ func (n *bufferNode) fillOrphanSize(f fusefs.FileHandle, out *fuse.Attr) {
 // hit by a write past EOF) is recorded in the buffer's state
 // (user.mrfs.state); only a writer's close is told of it (see flush).
 func (n *bufferNode) sync() error {
-	err := n.buf.Sync()
+	err := n.f.Buffer().Sync()
 	if err != nil {
 		n.fsys.log.Debug("sync", "err", err)
 	}
@@ -108,7 +107,7 @@ func (n *bufferNode) flush(writable bool) syscall.Errno {
 		n.sync()
 		return 0
 	}
-	err := n.buf.Flush()
+	err := n.f.Buffer().Flush()
 	if err == nil || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) {
 		return 0
 	}
@@ -117,7 +116,7 @@ func (n *bufferNode) flush(writable bool) syscall.Errno {
 
 func (n *bufferNode) fillAttr(out *fuse.Attr) {
 	fillMeta(n.f, out)
-	size := n.buf.Info().Size
+	size := n.f.Buffer().Info().Size
 	out.Size = size
 	out.Blocks = (size + 511) / 512
 	out.Blksize = 4096
@@ -139,7 +138,7 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 		if h, ok := f.(fdHolder); ok {
 			err = h.fd().Truncate(ctx, size) // also after an unlink
 		} else {
-			err = n.buf.Resize(ctx, size)
+			err = n.f.Buffer().Resize(ctx, size)
 		}
 		if err != nil {
 			return toErrno(n.fsys.log, "truncate", err)
@@ -162,7 +161,7 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 	if flags&syscall.O_TRUNC != 0 {
 		// O_TRUNC comes here (CAP_ATOMIC_O_TRUNC), not as a truncate to
 		// 0: a pool file's is a zeroed slot of the same size.
-		if err := n.buf.Clear(ctx); err != nil {
+		if err := n.f.Buffer().Clear(ctx); err != nil {
 			return nil, 0, toErrno(n.fsys.log, "open O_TRUNC", err)
 		}
 		n.f.Touch(true)
@@ -184,7 +183,7 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 // file's only way to its memory.
 func (n *bufferNode) newHandle(flags uint32) (fusefs.FileHandle, uint32, error) {
 	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
-	fd, err := n.buf.Open(writable)
+	fd, err := n.f.Buffer().Open(writable)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -200,7 +199,7 @@ func (n *bufferNode) Allocate(ctx context.Context, f fusefs.FileHandle, off uint
 	if h, ok := f.(fdHolder); ok {
 		err = h.fd().Allocate(ctx, off, size, mode) // also after an unlink
 	} else {
-		err = n.buf.Allocate(ctx, off, size, mode)
+		err = n.f.Buffer().Allocate(ctx, off, size, mode)
 	}
 	if err != nil {
 		return toErrno(n.fsys.log, "fallocate", err)

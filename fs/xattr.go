@@ -64,7 +64,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 		return nil, syscall.ENODATA
 	}
 	n.sync()
-	info, regs := n.buf.Regions()
+	info, regs := n.f.Buffer().Regions()
 	registered := info.State == buffer.Registered
 	switch name {
 	case xattrLKey, xattrRKey, xattrAddr, xattrDesc:
@@ -93,7 +93,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrZeroCopy:
 		v = boolString(n.fsys.ZeroCopy)
 	case xattrDesc:
-		return desc.Of(n.fsys.mgr.Device().Name(), info, regs, n.buf.PageSize(), n.f.DirPath()).JSON(), 0
+		return desc.Of(n.fsys.mgr.Device().Name(), info, regs, n.f.Buffer().PageSize(), n.f.DirPath()).JSON(), 0
 	default:
 		return nil, syscall.ENODATA
 	}
@@ -192,7 +192,7 @@ func (n *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint3
 func (n *bufferNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	n.sync()
 	names := fileXattrs
-	if n.buf.Info().State != buffer.Registered {
+	if n.f.Buffer().Info().State != buffer.Registered {
 		names = nil
 		for _, x := range fileXattrs {
 			switch x {

@@ -138,7 +138,7 @@ type node struct {
 	aux  any // set once, before the node is published
 
 	mu   sync.Mutex // guards: meta
-	meta Meta
+	meta meta
 }
 
 func (n *node) base() *node { return n }
@@ -173,7 +173,7 @@ var (
 	_ Node = (*File)(nil)
 )
 
-func (t *Tree) newDir(dom *buffer.Domain, m Meta) *Dir {
+func (t *Tree) newDir(dom *buffer.Domain, m meta) *Dir {
 	d := &Dir{t: t, dom: dom, entries: map[string]Node{}}
 	d.meta = m
 	return d

@@ -105,7 +105,7 @@ func (c *context) AllocPD() (verbs.PD, error) {
 			break
 		}
 	}
-	p := &pd{ctx: c, handle: d.lastPD, mrs: map[*mr]struct{}{}}
+	p := &pd{ctx: c, handle: d.lastPD}
 	d.pds[p.handle] = p
 	c.pds[p] = struct{}{}
 	return p, nil
@@ -126,17 +126,17 @@ func (c *context) Close() error {
 		return fmt.Errorf("close %s: already closed: %w", d.name, syscall.ENODEV)
 	}
 	c.closed = true
-	for p := range c.pds {
-		for m := range p.mrs {
-			if m.state == mrLive {
-				// A region still registering finishes its own cleanup
-				// when it sees the context closed.
-				m.state = mrDead
-				delete(d.mrs, m.key)
-				delete(p.mrs, m)
-				unpin(m.pin)
-			}
+	for k, m := range d.mrs {
+		if m.pd.ctx == c && m.state == mrLive {
+			// A region still registering finishes its own cleanup when
+			// it sees the context closed.
+			m.state = mrDead
+			delete(d.mrs, k)
+			m.pd.nmr--
+			unpin(m.pinned())
 		}
+	}
+	for p := range c.pds {
 		p.dead = true
 		delete(d.pds, p.handle)
 	}
@@ -150,7 +150,7 @@ type pd struct {
 	handle uint32   // immutable
 	// guarded by ctx.dev.mu
 	dead bool
-	mrs  map[*mr]struct{} // regions that count against the PD (usecnt)
+	nmr  int // regions that count against the PD (usecnt)
 }
 
 func (p *pd) Handle() uint32 { return p.handle }
@@ -166,8 +166,8 @@ func (p *pd) Dealloc() error {
 		return fmt.Errorf("dealloc_pd %d: device closed: %w", p.handle, syscall.ENODEV)
 	case p.dead:
 		return fmt.Errorf("dealloc_pd %d: already deallocated: %w", p.handle, syscall.EINVAL)
-	case len(p.mrs) > 0:
-		return fmt.Errorf("dealloc_pd %d: it still holds %d memory regions: %w", p.handle, len(p.mrs), syscall.EBUSY)
+	case p.nmr > 0:
+		return fmt.Errorf("dealloc_pd %d: it still holds %d memory regions: %w", p.handle, p.nmr, syscall.EBUSY)
 	}
 	p.dead = true
 	delete(d.pds, p.handle)

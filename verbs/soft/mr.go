@@ -22,12 +22,14 @@ type mr struct {
 	dev    *device      // immutable
 	pd     *pd          // immutable
 	key    uint32       // immutable; lkey == rkey, as rxe gives user MRs
+	access verbs.Access // immutable
 	addr   uintptr      // immutable
 	length uint64       // immutable
-	access verbs.Access // immutable
-	pin    pinning
-	state  mrState
+	state  mrState      // live: its pages (pinned()) are locked
 }
+
+// pinned is the pages a live region holds locked.
+func (m *mr) pinned() pinning { return pagesOf(m.addr, m.length) }
 
 func (m *mr) LKey() uint32         { return m.key }
 func (m *mr) RKey() uint32         { return m.key }
@@ -69,7 +71,7 @@ func (d *device) register(p *pd, addr uintptr, length uint64, access verbs.Acces
 	}
 	m := &mr{dev: d, pd: p, key: d.newKey(), addr: addr, length: length, access: access, state: mrPending}
 	d.mrs[m.key] = m
-	p.mrs[m] = struct{}{}
+	p.nmr++
 	d.mu.Unlock()
 
 	pn, err := pin(addr, length)
@@ -82,11 +84,10 @@ func (d *device) register(p *pd, addr uintptr, length uint64, access verbs.Acces
 	}
 	if err != nil {
 		delete(d.mrs, m.key)
-		delete(p.mrs, m)
+		p.nmr--
 		m.state = mrDead
 		return nil, err
 	}
-	m.pin = pn
 	m.state = mrLive
 	return m, nil
 }
@@ -107,9 +108,8 @@ func (m *mr) Dereg() error {
 	}
 	m.state = mrDead
 	delete(d.mrs, m.key)
-	delete(m.pd.mrs, m)
-	pn := m.pin
+	m.pd.nmr--
 	d.mu.Unlock()
-	unpin(pn)
+	unpin(m.pinned())
 	return nil
 }

@@ -37,6 +37,12 @@ type pinning struct {
 
 func (p pinning) pages() uint64 { return p.end - p.first }
 
+// pagesOf is the pages that [addr, addr+length) touches.
+func pagesOf(addr uintptr, length uint64) pinning {
+	start := uint64(addr)
+	return pinning{first: start / pageSize, end: (start + length + pageSize - 1) / pageSize}
+}
+
 // pin runs ib_umem_get's checks in the kernel's order and then locks the
 // pages with mlock. Errors wrap the kernel's errno.
 func pin(addr uintptr, length uint64) (pinning, error) {
@@ -52,7 +58,7 @@ func pin(addr uintptr, length uint64) (pinning, error) {
 	if lim.Cur == 0 && !privileged {
 		return pinning{}, fmt.Errorf("RLIMIT_MEMLOCK is 0 and the process lacks CAP_IPC_LOCK; raise it with `ulimit -l`: %w", syscall.EPERM)
 	}
-	p := pinning{first: start / pageSize, end: (start + length + pageSize - 1) / pageSize}
+	p := pagesOf(addr, length)
 	if p.pages() == 0 || p.pages() > 0xFFFFFFFF {
 		return pinning{}, fmt.Errorf("%d pages: %w", p.pages(), syscall.EINVAL)
 	}

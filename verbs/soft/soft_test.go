@@ -274,7 +274,12 @@ func TestLargeRegionOneEntry(t *testing.T) {
 // Close frees what the kernel frees when the device file closes; the
 // children then answer ENODEV.
 func TestCloseReleases(t *testing.T) {
-	p := New(Options{MaxMR: 1})
+	p := New(Options{MaxMR: 2})
+	// Another context of the same device keeps its region.
+	other, _ := p.Open("soft0")
+	otherPD, _ := other.AllocPD()
+	otherAddr, _ := verbstest.Map(t, 4096)
+	otherMR := reg(t, otherPD, otherAddr, 4096, 0)
 	dev, _ := p.Open("soft0")
 	pd, _ := dev.AllocPD()
 	addr, _ := verbstest.Map(t, 8*4096)
@@ -289,6 +294,13 @@ func TestCloseReleases(t *testing.T) {
 	if got := vmLck(t); got != base {
 		t.Errorf("VmLck %d after Close, want %d", got, base)
 	}
+	if err := otherMR.Dereg(); err != nil {
+		t.Errorf("the other context's region after Close: %v", err)
+	}
+	if err := otherPD.Dealloc(); err != nil {
+		t.Errorf("the other context's PD after Close: %v", err)
+	}
+	other.Close()
 	verbstest.WantErrno(t, mr.Dereg(), syscall.ENODEV)
 	verbstest.WantErrno(t, pd.Dealloc(), syscall.ENODEV)
 	_, err = pd.RegMR(addr, 4096, 0)
@@ -301,6 +313,7 @@ func TestCloseReleases(t *testing.T) {
 	defer dev2.Close()
 	pd2, _ := dev2.AllocPD()
 	reg(t, pd2, addr, 4096, 0)
+	reg(t, pd2, addr+4096, 4096, 0)
 }
 
 // Concurrent registrations, replacements and deregs over shared pages
