@@ -31,8 +31,7 @@ import (
 //     reason says why, and the registration that was there stays.
 //   - size is the file's size as last learned.
 type Buffer struct {
-	m  *Manager
-	id uint64 // immutable
+	m *Manager // immutable
 
 	mu sync.RWMutex
 	// guards: every field below (owner is written under m.mu too, which
@@ -41,12 +40,22 @@ type Buffer struct {
 	mp     mapping    // the daemon's mapping of the file
 	regs   regions    // nil unless registered
 	size   uint64
-	access verbs.Access
 	dom    *Domain
-	owner  uint32
 	reason string
-	gen    uint64 // registrations made
-	gone   error  // errFreed or errClosed once freed
+	access verbs.Access
+	owner  uint32
+	gen    uint32 // registrations made
+	gone   gone   // set once freed
+
+	cut bool // guarded by mu: writes past the quota were taken back since the last Flush
+
+	// guarded by m.mu: the clients' descriptors open (Fd) and how many of
+	// them may write; orphan: freed while open (its memory is still
+	// charged); reserved: the pages admitted for the operation under way
+	// (part of m.inflight).
+	orphan         bool
+	opens, writers int32
+	reserved       uint64
 
 	// charge is the store memory charged to owner for the file (see
 	// charge.go): written under m.mu (and mu, but for an orphan's
@@ -54,23 +63,35 @@ type Buffer struct {
 	charge atomic.Uint64
 	// slot is set, at creation, for a pool file (slot.go).
 	slot *slotRef
-	// guarded by m.mu: the clients' descriptors open (Fd) and how many of
-	// them may write; orphan: freed while open (its memory is still
-	// charged); reserved: the pages admitted for the operation under way
-	// (part of m.inflight).
-	opens, writers int
-	orphan         bool
-	reserved       uint64
 
-	cut bool // guarded by mu: writes past the quota were taken back since the last Flush
-
-	pageSize atomic.Uint64 // PageSize's answer; 0: not learned since the last registration
+	pageSize atomic.Uint32 // PageSize's answer; 0: not learned since the last registration
 	// busy is set, while mu is held, for a registration that takes a
 	// while: Info, Regions, PageSize and Sync answer from it rather than
 	// wait (lockOrBusy).
 	busy atomic.Pointer[busy]
 
 	aux any // set once by SetAux, before anyone else knows the buffer
+}
+
+// gone says whether a buffer was freed, and why: the field is a byte
+// rather than the error itself, since every buffer carries it.
+type gone uint8
+
+const (
+	alive  gone = iota
+	freed       // errFreed
+	closed      // errClosed: the manager closed
+)
+
+// err is the error an operation on a buffer gone this way fails with.
+func (g gone) err() error {
+	switch g {
+	case freed:
+		return errFreed
+	case closed:
+		return errClosed
+	}
+	return nil
 }
 
 // SetAux keeps the namespace's object for b (tree: its File), for those
@@ -137,11 +158,12 @@ func (m *Manager) Create(d *Domain, size uint64, owner uint32) (*Buffer, error) 
 	// Manager.Close sees it; holding b.mu makes that Close wait for us.
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := m.reserveBuffer(b, d, owner); err != nil {
+	id, err := m.reserveBuffer(b, d, owner)
+	if err != nil {
 		return nil, fmt.Errorf("create buffer in pd %d: %w", d.handle, err)
 	}
 
-	f, err := m.store.Create(b.id)
+	f, err := m.store.Create(id)
 	if err != nil {
 		b.abandonLocked()
 		return nil, fmt.Errorf("create buffer: %w", m.classifyFd(err))
@@ -171,7 +193,7 @@ func (b *Buffer) abandonLocked() {
 		}
 		b.f = nil
 	}
-	b.gone = errFreed
+	b.gone = freed
 	m := b.m
 	m.mu.Lock()
 	m.setChargeLocked(b, 0)
@@ -234,7 +256,7 @@ func (b *Buffer) infoLocked() Info {
 		Access:     b.access,
 		PD:         b.dom.handle,
 		Owner:      b.owner,
-		Generation: b.gen,
+		Generation: uint64(b.gen),
 	}
 	if len(b.regs) > 0 {
 		in.Length, in.Regions = b.regs.length(), len(b.regs)
@@ -252,7 +274,7 @@ func (b *Buffer) infoLocked() Info {
 // pages stay what they are.
 func (b *Buffer) PageSize() uint64 {
 	if ps := b.pageSize.Load(); ps != 0 {
-		return ps
+		return uint64(ps)
 	}
 	if b.lockOrBusy(false) != nil {
 		return 0 // not learned until the registration is done
@@ -265,13 +287,13 @@ func (b *Buffer) PageSize() uint64 {
 		return 0
 	}
 	ps, _ := store.PageSizeAt(base)
-	b.pageSize.Store(ps)
+	b.pageSize.Store(uint32(ps)) // a page is at most 1 GiB
 	return ps
 }
 
 func (b *Buffer) stateLocked() State {
 	switch {
-	case b.gone != nil || b.size == 0 && b.regs == nil:
+	case b.gone != alive || b.size == 0 && b.regs == nil:
 		return Empty
 	case b.regs != nil:
 		return Registered
@@ -306,8 +328,8 @@ func (b *Buffer) Sync() error {
 		return nil
 	}
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("sync: %w", b.gone)
+	if b.gone != alive {
+		return fmt.Errorf("sync: %w", b.gone.err())
 	}
 	if b.slot != nil {
 		return nil // sealed: its size cannot change
@@ -555,8 +577,8 @@ func (b *Buffer) dropLocked() error {
 func (b *Buffer) Resize(ctx context.Context, size uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("resize: %w", b.gone)
+	if b.gone != alive {
+		return fmt.Errorf("resize: %w", b.gone.err())
 	}
 	if b.slot != nil {
 		return b.f.Truncate(size)
@@ -631,8 +653,8 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("set access: %w", b.gone)
+	if b.gone != alive {
+		return fmt.Errorf("set access: %w", b.gone.err())
 	}
 	defer b.settleFileLocked()
 	err := b.syncedLocked(func() error {
@@ -660,8 +682,8 @@ func (b *Buffer) Move(d *Domain) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("move: %w", b.gone)
+	if b.gone != alive {
+		return fmt.Errorf("move: %w", b.gone.err())
 	}
 	if d == b.dom {
 		return nil
@@ -715,8 +737,8 @@ func (m *Manager) reserveMove(d *Domain) error {
 func (b *Buffer) ReadAt(p []byte, off int64) (int, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if b.gone != nil {
-		return 0, fmt.Errorf("read: %w", b.gone)
+	if b.gone != alive {
+		return 0, fmt.Errorf("read: %w", b.gone.err())
 	}
 	return b.f.ReadAt(p, off)
 }
@@ -730,8 +752,8 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return 0, fmt.Errorf("write: %w", b.gone)
+	if b.gone != alive {
+		return 0, fmt.Errorf("write: %w", b.gone.err())
 	}
 	if b.slot != nil {
 		return b.f.WriteAt(p, off)
@@ -770,8 +792,8 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("fallocate: %w", b.gone)
+	if b.gone != alive {
+		return fmt.Errorf("fallocate: %w", b.gone.err())
 	}
 	if b.slot != nil {
 		return b.f.Allocate(mode, off, length)
@@ -835,7 +857,7 @@ func (b *Buffer) undoGrowLocked(old uint64) {
 // still works. If deregistration fails, nothing is unmapped (the device
 // could still write there) and the error is returned.
 func (b *Buffer) Free() error {
-	_, _, err := b.free(errFreed)
+	_, _, err := b.free(freed)
 	return err
 }
 
@@ -843,11 +865,11 @@ func (b *Buffer) Free() error {
 // (whole pages). A client that has the file open keeps its memory, still
 // charged to the owner (an orphan) until the last of its descriptors
 // closes; with none open, the memory goes now.
-func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
+func (b *Buffer) free(why gone) (nregions int, unpinned uint64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return 0, 0, fmt.Errorf("free: %w", b.gone)
+	if b.gone != alive {
+		return 0, 0, fmt.Errorf("free: %w", b.gone.err())
 	}
 	for _, r := range b.regs {
 		unpinned += pageRound(r.Length())
@@ -885,7 +907,7 @@ func (b *Buffer) free(gone error) (nregions int, unpinned uint64, err error) {
 	if err := b.f.Remove(); err != nil {
 		m.log.Error("removing a buffer's file", "err", err)
 	}
-	b.f, b.reason, b.gone = nil, "", gone
+	b.f, b.reason, b.gone = nil, "", why
 	m.mu.Lock()
 	m.forgetLocked(b)
 	m.mu.Unlock()

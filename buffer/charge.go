@@ -116,8 +116,8 @@ type Fd struct {
 func (b *Buffer) Open(writable bool) (*Fd, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if b.gone != nil {
-		return nil, fmt.Errorf("open: %w", b.gone)
+	if b.gone != alive {
+		return nil, fmt.Errorf("open: %w", b.gone.err())
 	}
 	m := b.m
 	m.mu.Lock()
@@ -178,15 +178,15 @@ func (f *Fd) orphaned(op func() error) (bool, error) {
 	// Shared for the look, as the calls on a live buffer take it: reads
 	// through direct-I/O handles go on side by side. Once gone, b stays so.
 	b.mu.RLock()
-	live := b.gone == nil
+	live := b.gone == alive
 	b.mu.RUnlock()
 	if live {
 		return false, nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !errors.Is(b.gone, errFreed) {
-		return true, b.gone // the manager closed
+	if b.gone != freed {
+		return true, b.gone.err() // the manager closed
 	}
 	return true, op()
 }
@@ -359,8 +359,8 @@ func (b *Buffer) SetOwner(uid uint32) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	// Under m.mu: the last close of an orphan ends it there.
-	if b.gone != nil && !b.orphan {
-		return fmt.Errorf("chown: %w", b.gone)
+	if b.gone != alive && !b.orphan {
+		return fmt.Errorf("chown: %w", b.gone.err())
 	}
 	if uid == b.owner {
 		return nil
@@ -421,7 +421,7 @@ func (m *Manager) chargeUnseen(skip *Buffer) {
 				busy = append(busy, b)
 				continue
 			}
-			if b.gone == nil {
+			if b.gone == alive {
 				b.settleFileLocked()
 				b.cutLocked()
 			}
@@ -454,7 +454,7 @@ var errCut = fmt.Errorf("written past max_pinned_per_user through a zero-copy op
 func (b *Buffer) cutLocked() bool {
 	m := b.m
 	quota := m.opt.MaxPinnedPerUser
-	if quota == 0 || b.gone != nil || b.slot != nil {
+	if quota == 0 || b.gone != alive || b.slot != nil {
 		return false
 	}
 	m.mu.Lock()
@@ -494,8 +494,8 @@ func (b *Buffer) cutLocked() bool {
 func (b *Buffer) Flush() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("flush: %w", b.gone)
+	if b.gone != alive {
+		return fmt.Errorf("flush: %w", b.gone.err())
 	}
 	if b.slot != nil {
 		return nil

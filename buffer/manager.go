@@ -217,7 +217,7 @@ func (m *Manager) Close() (Freed, error) {
 	var errs []error
 	for _, b := range bufs {
 		// free waits for a Create still building b (it holds b.mu).
-		nregions, unpinned, err := b.free(errClosed)
+		nregions, unpinned, err := b.free(closed)
 		if err != nil && !errors.Is(err, errClosed) && !errors.Is(err, errFreed) {
 			errs = append(errs, err)
 		}
@@ -261,23 +261,24 @@ var (
 	errClosed = fmt.Errorf("buffer manager closed: %w", syscall.ENODEV)
 )
 
-// reserveBuffer counts b, a new buffer in d for owner, or refuses with
-// ENOSPC past MaxBuffers. Files unlinked while open count: the store
-// holds them until clients let go, which admission waits for briefly.
-func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) error {
+// reserveBuffer counts b, a new buffer in d for owner, and gives it an id
+// for its file, or refuses with ENOSPC past MaxBuffers. Files unlinked
+// while open count: the store holds them until clients let go, which
+// admission waits for briefly.
+func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) (id uint64, err error) {
 	deadline := time.Now().Add(releaseWait)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for {
 		switch {
 		case d.m != m:
-			return fmt.Errorf("domain belongs to another manager: %w", syscall.EINVAL)
+			return 0, fmt.Errorf("domain belongs to another manager: %w", syscall.EINVAL)
 		}
 		if err := d.openLocked(); err != nil {
-			return err
+			return 0, err
 		}
 		if d.making {
-			return fmt.Errorf("pd %d is being made a pool: %w", d.handle, syscall.EBUSY)
+			return 0, fmt.Errorf("pd %d is being made a pool: %w", d.handle, syscall.EBUSY)
 		}
 		max := m.opt.MaxBuffers
 		if max <= 0 || len(m.buffers)+m.orphans < max {
@@ -290,16 +291,15 @@ func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) error {
 		if m.orphans > 0 {
 			open = fmt.Sprintf(" (%d of them unlinked, still open)", m.orphans)
 		}
-		return m.refuseLocked(limitMaxBuffers, syscall.ENOSPC, fmt.Sprintf("max_buffers (%d) reached", max),
+		return 0, m.refuseLocked(limitMaxBuffers, syscall.ENOSPC, fmt.Sprintf("max_buffers (%d) reached", max),
 			fmt.Sprintf("cannot create a buffer: max_buffers (%d) reached%s; raise buffers.max_buffers in the config", max, open))
 	}
 	m.buffers[b] = struct{}{}
 	d.nbuf++
 	b.access = d.access
 	m.nextID++
-	b.id = m.nextID
 	m.user(owner).Buffers++
-	return nil
+	return m.nextID, nil
 }
 
 // waitReleaseLocked waits, releasing m.mu meanwhile, for an orphan's

@@ -23,7 +23,7 @@ func (m *Manager) createSlot(p *Pool, owner uint32) (*Buffer, error) {
 	b := &Buffer{m: m, dom: p.d, owner: owner}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := m.reserveBuffer(b, p.d, owner); err != nil {
+	if _, err := m.reserveBuffer(b, p.d, owner); err != nil {
 		return nil, fmt.Errorf("create a pool file in pd %d: %w", p.d.handle, err)
 	}
 	i, err := p.take()
@@ -48,7 +48,7 @@ func (b *Buffer) slotInfoLocked(in *Info) {
 	defer p.mu.Unlock()
 	in.Access = p.access
 	in.Pool = &SlotInfo{Index: s.i, Size: p.slot}
-	if b.gone != nil {
+	if b.gone != alive {
 		return
 	}
 	if r := b.slotRegionLocked(); r != nil {
@@ -79,7 +79,7 @@ func (b *Buffer) slotRegionLocked() *Region {
 func (b *Buffer) slotRegionsLocked() []Region {
 	b.slot.p.mu.Lock()
 	defer b.slot.p.mu.Unlock()
-	if r := b.slotRegionLocked(); r != nil && b.gone == nil {
+	if r := b.slotRegionLocked(); r != nil && b.gone == alive {
 		return []Region{*r}
 	}
 	return nil
@@ -102,8 +102,8 @@ func (b *Buffer) Clear(ctx context.Context) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gone != nil {
-		return fmt.Errorf("truncate: %w", b.gone)
+	if b.gone != alive {
+		return fmt.Errorf("truncate: %w", b.gone.err())
 	}
 	clear(unsafe.Slice((*byte)(b.slot.addr), b.slot.p.slot))
 	return nil

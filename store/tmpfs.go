@@ -81,13 +81,13 @@ func NewTmpfs(opt TmpfsOptions) (Store, error) {
 func (s *tmpfs) Kind() string { return "tmpfs" }
 
 func (s *tmpfs) Create(id uint64) (File, error) {
-	name := "b" + strconv.FormatUint(id, 10)
+	name := fileName(id)
 	fd, err := unix.Openat(s.root, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create %s in the tmpfs store: %w", name, err)
 	}
 	unix.Close(fd)
-	return &tmpfsFile{s: s, name: name}, nil
+	return &tmpfsFile{s: s, id: id}, nil
 }
 
 func (s *tmpfs) Usage() (used, size uint64, ok bool) {
@@ -125,18 +125,23 @@ func (s *tmpfs) Close() error {
 // tmpfsFile is a file of the instance, reached by name.
 type tmpfsFile struct {
 	s       *tmpfs
-	name    string
+	id      uint64 // its name is fileName(id): kept as a number, 16 B less per buffer
 	removed atomic.Bool
 }
+
+// fileName is the name of buffer id's file in the store.
+func fileName(id uint64) string { return "b" + strconv.FormatUint(id, 10) }
+
+func (f *tmpfsFile) name() string { return fileName(f.id) }
 
 // open opens the file for one operation.
 func (f *tmpfsFile) open() (int, error) {
 	if f.removed.Load() {
 		return -1, errRemoved
 	}
-	fd, err := unix.Openat(f.s.root, f.name, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	fd, err := unix.Openat(f.s.root, f.name(), unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return -1, fmt.Errorf("open %s of the tmpfs store: %w", f.name, err)
+		return -1, fmt.Errorf("open %s of the tmpfs store: %w", f.name(), err)
 	}
 	return fd, nil
 }
@@ -156,8 +161,8 @@ func (f *tmpfsFile) Stat() (size, held uint64, err error) {
 		return 0, 0, errRemoved
 	}
 	var st unix.Stat_t
-	if err := unix.Fstatat(f.s.root, f.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return 0, 0, fmt.Errorf("fstatat %s: %w", f.name, err)
+	if err := unix.Fstatat(f.s.root, f.name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return 0, 0, fmt.Errorf("fstatat %s: %w", f.name(), err)
 	}
 	return uint64(st.Size), uint64(st.Blocks) * 512, nil
 }
@@ -208,8 +213,8 @@ func (f *tmpfsFile) Remove() error {
 	if f.removed.Swap(true) {
 		return errRemoved
 	}
-	if err := unix.Unlinkat(f.s.root, f.name, 0); err != nil && err != syscall.ENOENT {
-		return fmt.Errorf("unlink %s of the tmpfs store: %w", f.name, err)
+	if err := unix.Unlinkat(f.s.root, f.name(), 0); err != nil && err != syscall.ENOENT {
+		return fmt.Errorf("unlink %s of the tmpfs store: %w", f.name(), err)
 	}
 	return nil
 }

@@ -85,8 +85,12 @@ type Tree struct {
 	log  *slog.Logger
 	root *Dir
 
-	// guards: every Dir's entries, every node's parent and name.
+	// guards: every Dir's entries, every node's parent and name, busy.
 	mu sync.RWMutex
+	// busy holds the nodes an unlink or rename works on without mu,
+	// each with a channel closed when it is done. A map here rather than
+	// a field in every node: few nodes are ever busy at once.
+	busy map[*node]chan struct{}
 }
 
 // Owner is who creates a node.
@@ -99,7 +103,7 @@ func New(mgr *buffer.Manager, opt Options, rootAccess verbs.Access, owner Owner,
 	if err != nil {
 		return nil, fmt.Errorf("allocate the root PD: %w", err)
 	}
-	t := &Tree{mgr: mgr, opt: opt, log: opt.Log}
+	t := &Tree{mgr: mgr, opt: opt, log: opt.Log, busy: map[*node]chan struct{}{}}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
@@ -132,10 +136,7 @@ type Node interface {
 type node struct {
 	parent *Dir   // guarded by Tree.mu; nil for the root and once removed
 	name   string // guarded by Tree.mu
-	// busy is guarded by Tree.mu: non-nil while an unlink or rename works
-	// on the node without Tree.mu, closed when it is done.
-	busy chan struct{}
-	aux  any // set once, before the node is published
+	aux    any    // set once, before the node is published
 
 	mu   sync.Mutex // guards: meta
 	meta meta
@@ -528,7 +529,7 @@ func idleEntryLocked[T Node](d *Dir, name, op string, wrongKind syscall.Errno) (
 // end, and says whether it waited: the caller looks up its names again.
 // Callers hold t.mu.
 func (t *Tree) waitLocked(n Node) bool {
-	ch := n.base().busy
+	ch := t.busy[n.base()]
 	if ch == nil {
 		return false
 	}
@@ -543,9 +544,9 @@ func (t *Tree) waitLocked(n Node) bool {
 func (t *Tree) markLocked(n Node) (done func()) {
 	b := n.base()
 	ch := make(chan struct{})
-	b.busy = ch
+	t.busy[b] = ch
 	return func() {
-		b.busy = nil
+		delete(t.busy, b)
 		close(ch)
 	}
 }
