@@ -15,10 +15,10 @@ func TestPercent(t *testing.T) {
 		want           int
 	}{
 		{0, 64 * mb, 100},
-		{64 * mb, 64 * mb, 100},           // up to the headroom: the runtime's default
-		{128 * mb, 64 * mb, 50},           // twice the headroom: half
-		{1024 * mb, 64 * mb, 6},           // a million buffers: 64 MiB over 1 GiB
-		{16384 * mb, 64 * mb, MinPercent}, // never below the floor
+		{64 * mb, 64 * mb, 100},          // up to the headroom: the runtime's default
+		{128 * mb, 64 * mb, 50},          // twice the headroom: half
+		{200 * mb, 64 * mb, 32},          // 64 MiB over 200 MiB
+		{1024 * mb, 64 * mb, MinPercent}, // a million buffers: never below the floor
 	} {
 		if got := Percent(c.live, c.headroom); got != c.want {
 			t.Errorf("Percent(%d MiB live, %d MiB) = %d, want %d", c.live/mb, c.headroom/mb, got, c.want)
