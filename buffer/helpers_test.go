@@ -76,6 +76,13 @@ func setup(t *testing.T, opt buffer.Options, maxMR int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return setupOn(t, opt, dev)
+}
+
+// setupOn is setup on dev, which it closes at cleanup.
+func setupOn(t *testing.T, opt buffer.Options, dev verbs.Device) *env {
+	t.Helper()
+	var err error
 	if opt.Allowed == 0 {
 		opt.Allowed = allowed
 	}

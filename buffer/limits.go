@@ -326,10 +326,15 @@ func (m *Manager) classifyLocked(err error, length uint64) error {
 		// when mrfs holds max_mr regions (rxe, soft); anything else (a
 		// size the device refuses) is the device's own answer.
 		if m.attr.MaxMR > 0 && m.regions >= m.attr.MaxMR {
+			dev := m.dev.Name()
+			var de *verbs.DeviceError
+			if errors.As(err, &de) {
+				dev = de.Device // of several, the one that refused
+			}
 			return m.refuseLocked(limitMaxMR, err,
 				fmt.Sprintf("device max_mr (%d) reached", m.attr.MaxMR),
-				fmt.Sprintf("device %s refused a registration: its max_mr is %d and mrfs holds %d regions; free buffers or use a device with a larger max_mr", m.dev.Name(), m.attr.MaxMR, m.regions),
-				"value", m.attr.MaxMR, "device", m.dev.Name())
+				fmt.Sprintf("device %s refused a registration: its max_mr is %d and mrfs holds %d regions; free buffers or use a device with a larger max_mr", dev, m.attr.MaxMR, m.regions),
+				"value", m.attr.MaxMR, "device", dev)
 		}
 	}
 	return err

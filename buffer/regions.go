@@ -18,6 +18,9 @@ type Region struct {
 	Addr       uintptr
 	Length     uint64
 	LKey, RKey uint32
+	// Devices is every device's keys when the region is registered on
+	// several (the first's are LKey and RKey); nil on one device.
+	Devices []verbs.DeviceKeys
 }
 
 // regions is a buffer's registration: consecutive memory regions that
@@ -44,6 +47,9 @@ func (rs regions) list() []Region {
 	out := make([]Region, len(rs))
 	for i, r := range rs {
 		out[i] = Region{Addr: r.Addr(), Length: r.Length(), LKey: r.LKey(), RKey: r.RKey()}
+		if m, ok := r.(verbs.MultiMR); ok {
+			out[i].Devices = m.Keys()
+		}
 	}
 	return out
 }

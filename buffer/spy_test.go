@@ -118,6 +118,14 @@ type spyMR struct {
 
 func (m *spyMR) PD() verbs.PD { return m.pd }
 
+// Keys passes a region's keys on several devices through.
+func (m *spyMR) Keys() []verbs.DeviceKeys {
+	if mm, ok := m.MR.(verbs.MultiMR); ok {
+		return mm.Keys()
+	}
+	return nil
+}
+
 func (m *spyMR) Dereg() error {
 	s := m.pd.s
 	s.mu.Lock()

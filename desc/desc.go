@@ -40,6 +40,10 @@ type Desc struct {
 	// The keys above are the first's; a peer uses the region that holds
 	// the address it reaches for.
 	Regions []Region `json:"regions"`
+	// Devices is every device's keys and regions when the buffer is
+	// registered on several (verbs.devices); the first is Device's, as
+	// above. Absent on one device.
+	Devices []DeviceRegions `json:"devices,omitempty"`
 	// Pool is where a pool file's slot is; its region above is the
 	// chunk's, which holds every slot of the chunk under one key.
 	Pool *Pool `json:"pool,omitempty"`
@@ -59,6 +63,14 @@ type Region struct {
 	Length Dec `json:"length"`
 	LKey   Key `json:"lkey"`
 	RKey   Key `json:"rkey"`
+}
+
+// DeviceRegions is one device's registration of the buffer.
+type DeviceRegions struct {
+	Device  string   `json:"device"`
+	LKey    Key      `json:"lkey"`
+	RKey    Key      `json:"rkey"`
+	Regions []Region `json:"regions"`
 }
 
 // Pool is a pool file's place: its pool's directory (when known), the
@@ -89,10 +101,31 @@ func Of(device string, info buffer.Info, regs []buffer.Region, pageSize uint64, 
 	for i, r := range regs {
 		d.Regions[i] = Region{Addr: Hex(r.Addr), Length: Dec(r.Length), LKey: Key(r.LKey), RKey: Key(r.RKey)}
 	}
+	d.Devices = perDevice(regs)
 	if s := info.Pool; s != nil {
 		d.Pool = &Pool{Dir: poolDir, Slot: s.Index, SlotSize: Dec(s.Size)}
 	}
 	return d
+}
+
+// perDevice turns regions that list every device's keys into a
+// registration per device; nil when they are on one device.
+func perDevice(regs []buffer.Region) []DeviceRegions {
+	if len(regs) == 0 || len(regs[0].Devices) == 0 {
+		return nil
+	}
+	out := make([]DeviceRegions, len(regs[0].Devices))
+	for j, k := range regs[0].Devices {
+		out[j] = DeviceRegions{Device: k.Device, LKey: Key(k.LKey), RKey: Key(k.RKey), Regions: make([]Region, 0, len(regs))}
+	}
+	for _, r := range regs {
+		for j, k := range r.Devices {
+			if j < len(out) && k.Device == out[j].Device {
+				out[j].Regions = append(out[j].Regions, Region{Addr: Hex(r.Addr), Length: Dec(r.Length), LKey: Key(k.LKey), RKey: Key(k.RKey)})
+			}
+		}
+	}
+	return out
 }
 
 // Buffer is the desc of b, a buffer of mgr, with the Info it was made

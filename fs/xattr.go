@@ -32,6 +32,7 @@ const (
 	xattrState         = xattrPrefix + "state"
 	xattrZeroCopy      = xattrPrefix + "zero_copy"
 	xattrDesc          = xattrPrefix + "desc"
+	xattrKeys          = xattrPrefix + "keys"
 	xattrDefaultAccess = xattrPrefix + "default_access"
 	xattrStats         = xattrPrefix + "stats"
 	xattrRemote        = xattrPrefix + "remote"
@@ -40,7 +41,7 @@ const (
 
 var (
 	fileXattrs = []string{xattrLKey, xattrRKey, xattrAddr, xattrLength, xattrAccess,
-		xattrDevice, xattrPD, xattrState, xattrZeroCopy, xattrDesc}
+		xattrDevice, xattrPD, xattrState, xattrZeroCopy, xattrDesc, xattrKeys}
 	dirXattrs  = []string{xattrPD, xattrDevice, xattrDefaultAccess, xattrRemote, xattrToken}
 	rootXattrs = append(append([]string{}, dirXattrs...), xattrStats)
 )
@@ -67,7 +68,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	info, regs := n.f.Buffer().Regions()
 	registered := info.State == buffer.Registered
 	switch name {
-	case xattrLKey, xattrRKey, xattrAddr, xattrDesc:
+	case xattrLKey, xattrRKey, xattrAddr, xattrDesc, xattrKeys:
 		if !registered {
 			return nil, syscall.ENODATA
 		}
@@ -94,10 +95,26 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 		v = boolString(n.fsys.ZeroCopy)
 	case xattrDesc:
 		return desc.Of(n.fsys.mgr.Device().Name(), info, regs, n.f.Buffer().PageSize(), n.f.DirPath()).JSON(), 0
+	case xattrKeys:
+		v = keyLines(n.fsys.mgr.Device().Name(), info, regs)
 	default:
 		return nil, syscall.ENODATA
 	}
 	return []byte(v), 0
+}
+
+// keyLines is user.mrfs.keys: a "DEVICE LKEY RKEY" line per device the
+// buffer is registered on (its first region's keys), for scripts.
+func keyLines(device string, info buffer.Info, regs []buffer.Region) string {
+	var b strings.Builder
+	if len(regs) == 0 || len(regs[0].Devices) == 0 {
+		fmt.Fprintf(&b, "%s %s %s\n", device, desc.Key(info.LKey), desc.Key(info.RKey))
+		return b.String()
+	}
+	for _, k := range regs[0].Devices {
+		fmt.Fprintf(&b, "%s %s %s\n", k.Device, desc.Key(k.LKey), desc.Key(k.RKey))
+	}
+	return b.String()
 }
 
 func boolString(b bool) string {

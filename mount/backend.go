@@ -3,9 +3,11 @@ package mount
 import (
 	"fmt"
 	"log/slog"
+	"syscall"
 
 	"mrfs/internal/config"
 	"mrfs/verbs"
+	"mrfs/verbs/multi"
 	"mrfs/verbs/soft"
 )
 
@@ -13,7 +15,7 @@ import (
 // in and sees a device, else soft; the log says which and why.
 func ChooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) {
 	softProvider := func() verbs.Provider {
-		return soft.New(soft.Options{MaxMR: cfg.SoftMaxMR, MaxMRSize: uint64(cfg.SoftMaxMRSize), MaxPD: cfg.SoftMaxPD})
+		return soft.New(soft.Options{Devices: cfg.SoftDevices, MaxMR: cfg.SoftMaxMR, MaxMRSize: uint64(cfg.SoftMaxMRSize), MaxPD: cfg.SoftMaxPD})
 	}
 	switch cfg.Backend {
 	case config.BackendSoft:
@@ -44,13 +46,35 @@ func ChooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) 
 	return p, nil
 }
 
-func openDevice(p verbs.Provider, name string) (verbs.Device, error) {
-	dev, err := p.Open(name)
-	if err != nil {
-		if name == "" {
-			name = "the first device"
+// openDevices opens what verbs.device or verbs.devices names: one
+// device, or several joined (verbs/multi), the first one's keys being
+// the files' lkey and rkey.
+func openDevices(p verbs.Provider, cfg config.Verbs, log *slog.Logger) (verbs.Device, error) {
+	names := cfg.Devices
+	if cfg.AllDevices {
+		devs, err := p.Devices()
+		if err != nil {
+			return nil, fmt.Errorf("list the devices of backend %s: %w", p.Name(), err)
 		}
-		return nil, fmt.Errorf("open %s of backend %s: %w", name, p.Name(), err)
+		if len(devs) == 0 {
+			return nil, fmt.Errorf("backend %s has no device (verbs.devices = \"all\"): %w", p.Name(), syscall.ENODEV)
+		}
+		for _, d := range devs {
+			names = append(names, d.Name)
+		}
+	}
+	if names == nil {
+		names = []string{cfg.Device}
+	}
+	dev, err := multi.Open(p, names)
+	if err != nil {
+		if len(names) == 1 && names[0] == "" {
+			return nil, fmt.Errorf("open the first device of backend %s: %w", p.Name(), err)
+		}
+		return nil, fmt.Errorf("backend %s: %w", p.Name(), err)
+	}
+	if len(names) > 1 {
+		log.Info("registering every buffer on each device; the first one's keys are the files' lkey and rkey", "devices", names)
 	}
 	return dev, nil
 }

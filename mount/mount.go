@@ -108,7 +108,7 @@ func start(opt Options) (_ *parts, err error) {
 	if p.prov, err = ChooseProvider(cfg.Verbs, log); err != nil {
 		return nil, err
 	}
-	if p.dev, err = openDevice(p.prov, cfg.Verbs.Device); err != nil {
+	if p.dev, err = openDevices(p.prov, cfg.Verbs, log); err != nil {
 		return nil, err
 	}
 	mapReserve := testMapReserve(log)

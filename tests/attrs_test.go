@@ -26,13 +26,14 @@ const (
 	xState    = "user.mrfs.state"
 	xZeroCopy = "user.mrfs.zero_copy"
 	xDesc     = "user.mrfs.desc"
+	xKeys     = "user.mrfs.keys"
 	xDefAcc   = "user.mrfs.default_access"
 	xStats    = "user.mrfs.stats"
 )
 
 // fileXattrs are the xattrs every buffer file has (DESIGN.md, "Extended
 // attributes").
-var fileXattrs = []string{xLkey, xRkey, xAddr, xLength, xAccess, xDevice, xPD, xState, xZeroCopy, xDesc}
+var fileXattrs = []string{xLkey, xRkey, xAddr, xLength, xAccess, xDevice, xPD, xState, xZeroCopy, xDesc, xKeys}
 
 func getxattr(path, name string) (string, error) {
 	for {

@@ -69,7 +69,7 @@ func requireEmpty(t *testing.T, path string) {
 	if got := mustXattr(t, path, xState); got != "empty" {
 		t.Errorf("%s: state %q, want empty", path, got)
 	}
-	for _, k := range []string{xLkey, xRkey, xAddr} {
+	for _, k := range []string{xLkey, xRkey, xAddr, xKeys} {
 		_, err := getxattr(path, k)
 		wantErrno(t, err, unix.ENODATA, "getxattr "+k+" of an empty file")
 	}

@@ -63,6 +63,9 @@ func TestFileXattrFormats(t *testing.T) {
 	if v[xZeroCopy] != "1" {
 		t.Errorf("zero_copy = %q, want 1", v[xZeroCopy])
 	}
+	if want := v[xDevice] + " " + v[xLkey] + " " + v[xRkey] + "\n"; v[xKeys] != want {
+		t.Errorf("keys = %q, want the one device's line %q", v[xKeys], want)
+	}
 
 	// desc: one JSON object with string keys in the formats above.
 	var desc map[string]any

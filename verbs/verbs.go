@@ -80,6 +80,28 @@ type MR interface {
 	Dereg() error
 }
 
+// DeviceKeys is one device's keys for a region registered on several.
+type DeviceKeys struct {
+	Device     string
+	LKey, RKey uint32
+}
+
+// DeviceError is a refusal by one of several devices (verbs/multi).
+type DeviceError struct {
+	Device string
+	Err    error
+}
+
+func (e *DeviceError) Error() string { return "device " + e.Device + ": " + e.Err.Error() }
+func (e *DeviceError) Unwrap() error { return e.Err }
+
+// MultiMR is a region registered on several devices (verbs/multi): the
+// MR's own keys are the first device's, Keys lists every device's.
+type MultiMR interface {
+	MR
+	Keys() []DeviceKeys
+}
+
 // Errno returns the errno an error from this package carries, or 0.
 func Errno(err error) syscall.Errno {
 	var e syscall.Errno

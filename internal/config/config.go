@@ -41,6 +41,16 @@ type Publish struct {
 type Verbs struct {
 	Backend string // verbs.backend: BackendAuto, BackendRDMA or BackendSoft
 	Device  string // verbs.device: "" for the first device
+	// Devices (verbs.devices) registers every buffer on each of these
+	// devices, the first one's keys being the file's lkey and rkey; nil:
+	// only Device. AllDevices: verbs.devices = "all", every device the
+	// backend lists.
+	Devices    []string
+	AllDevices bool
+	// SoftDevices (verbs.soft_devices) is how many soft devices the soft
+	// backend makes (soft0, soft1...), to try several NICs without one;
+	// 0 or 1: one. The rdma backend refuses it.
+	SoftDevices int
 	// SoftMaxMR (verbs.soft_max_mr) caps the soft device's regions, to model
 	// small devices in tests; 0 keeps the soft device's own default (rxe's
 	// 524287). Not part of DESIGN.md's table; the rdma backend refuses it.

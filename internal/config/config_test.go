@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -411,4 +412,28 @@ func TestLoad(t *testing.T) {
 	if !errors.Is(err, ErrInvalid) || !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "missing.toml") {
 		t.Errorf("missing file: %v", err)
 	}
+}
+
+// verbs.devices is a list of names or "all", never with verbs.device;
+// verbs.soft_devices is the soft backend's.
+func TestDevices(t *testing.T) {
+	if c := mustParse(t, "verbs.devices = [\"rxe0\", \"rxe1\"]"); !slices.Equal(c.Verbs.Devices, []string{"rxe0", "rxe1"}) || c.Verbs.AllDevices {
+		t.Errorf("devices list: %+v", c.Verbs)
+	}
+	if c := mustParse(t, "verbs.devices = \"all\""); c.Verbs.Devices != nil || !c.Verbs.AllDevices {
+		t.Errorf("devices all: %+v", c.Verbs)
+	}
+	if c := mustParse(t, "[verbs]\nbackend = \"soft\"\nsoft_devices = 2"); c.Verbs.SoftDevices != 2 {
+		t.Errorf("soft_devices: %+v", c.Verbs)
+	}
+	wantErr(t, "verbs.devices = \"rxe0\"", "verbs.devices", "list")
+	wantErr(t, "verbs.devices = []", "verbs.devices", "empty")
+	wantErr(t, "verbs.devices = [\"a\", \"a\"]", "verbs.devices", "twice")
+	wantErr(t, "[verbs]\ndevice = \"rxe0\"\ndevices = [\"rxe1\", \"rxe0\"]", "verbs.devices", "verbs.device")
+	wantErr(t, "[verbs]\ndevice = \"rxe0\"\ndevices = \"all\"", "verbs.devices", "verbs.device")
+	if c := mustParse(t, "[verbs]\ndevice = \"rxe0\"\ndevices = [\"rxe0\", \"rxe1\"]"); len(c.Verbs.Devices) != 2 {
+		t.Errorf("verbs.device that is the first of verbs.devices: %+v", c.Verbs)
+	}
+	wantErr(t, "verbs.soft_devices = -1", "verbs.soft_devices", "-1")
+	wantErr(t, "[verbs]\nbackend = \"rdma\"\nsoft_devices = 2", "verbs.soft_devices", "soft backend")
 }

@@ -22,11 +22,13 @@ import (
 // is not the Go type's (access lists, the umask string, the level name).
 type file struct {
 	Verbs struct {
-		Backend       string `toml:"backend"`
-		Device        string `toml:"device"`
-		SoftMaxMR     int    `toml:"soft_max_mr"`
-		SoftMaxMRSize Size   `toml:"soft_max_mr_size"`
-		SoftMaxPD     int    `toml:"soft_max_pd"`
+		Backend       string     `toml:"backend"`
+		Device        string     `toml:"device"`
+		Devices       deviceList `toml:"devices"`
+		SoftDevices   int        `toml:"soft_devices"`
+		SoftMaxMR     int        `toml:"soft_max_mr"`
+		SoftMaxMRSize Size       `toml:"soft_max_mr_size"`
+		SoftMaxPD     int        `toml:"soft_max_pd"`
 	} `toml:"verbs"`
 	Buffers struct {
 		DefaultSize       Size       `toml:"default_size"`
@@ -79,6 +81,8 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	var f file
 	f.Verbs.Backend, f.Verbs.Device, f.Verbs.SoftMaxMR = d.Verbs.Backend, d.Verbs.Device, d.Verbs.SoftMaxMR
 	f.Verbs.SoftMaxMRSize, f.Verbs.SoftMaxPD = d.Verbs.SoftMaxMRSize, d.Verbs.SoftMaxPD
+	f.Verbs.Devices = deviceList{names: d.Verbs.Devices, all: d.Verbs.AllDevices}
+	f.Verbs.SoftDevices = d.Verbs.SoftDevices
 	f.Buffers.PopulateThreshold, f.Buffers.PopulateWorkers = d.Buffers.PopulateThreshold, d.Buffers.PopulateWorkers
 	f.Buffers.MaxRegionSize = d.Buffers.MaxRegionSize
 	f.Buffers.DefaultSize, f.Buffers.MaxBuffers, f.Buffers.MaxPinned = d.Buffers.DefaultSize, d.Buffers.MaxBuffers, d.Buffers.MaxPinned
@@ -104,7 +108,8 @@ func decodeOnto(d Config, data []byte) (Config, error) {
 	}
 	level, _ := parseLevel(string(f.Log.Level)) // checked by UnmarshalTOML
 	return Config{
-		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, SoftMaxMR: f.Verbs.SoftMaxMR, SoftMaxMRSize: f.Verbs.SoftMaxMRSize, SoftMaxPD: f.Verbs.SoftMaxPD},
+		Verbs: Verbs{Backend: f.Verbs.Backend, Device: f.Verbs.Device, Devices: f.Verbs.Devices.names, AllDevices: f.Verbs.Devices.all,
+			SoftDevices: f.Verbs.SoftDevices, SoftMaxMR: f.Verbs.SoftMaxMR, SoftMaxMRSize: f.Verbs.SoftMaxMRSize, SoftMaxPD: f.Verbs.SoftMaxPD},
 		Buffers: Buffers{
 			DefaultSize:       f.Buffers.DefaultSize,
 			DefaultAccess:     verbs.Access(f.Buffers.DefaultAccess),
@@ -239,6 +244,43 @@ type accessList verbs.Access
 // accessNames lists the known names for error messages.
 var accessNames = strings.Join((verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead | verbs.RemoteAtomic |
 	verbs.MWBind | verbs.ZeroBased | verbs.OnDemand | verbs.RelaxedOrdering).Names(), ", ")
+
+// deviceList is verbs.devices: a list of device names, or "all".
+type deviceList struct {
+	names []string
+	all   bool
+}
+
+func (l *deviceList) UnmarshalTOML(v any) error {
+	switch v := v.(type) {
+	case string:
+		if v != "all" {
+			return fmt.Errorf("%q is not a list; use a list of device names such as [\"rxe0\", \"rxe1\"], or \"all\"", v)
+		}
+		*l = deviceList{all: true}
+		return nil
+	case []any:
+		seen := map[string]bool{}
+		var names []string
+		for _, it := range v {
+			n, ok := it.(string)
+			if !ok || n == "" {
+				return fmt.Errorf("list element is a TOML %s; want a device name", tomlType(it))
+			}
+			if seen[n] {
+				return fmt.Errorf("device %q is listed twice", n)
+			}
+			seen[n] = true
+			names = append(names, n)
+		}
+		if len(names) == 0 {
+			return fmt.Errorf("the list is empty; name at least one device, or use \"all\"")
+		}
+		*l = deviceList{names: names}
+		return nil
+	}
+	return fmt.Errorf("got a TOML %s, want a list of device names or \"all\"", tomlType(v))
+}
 
 func (a *accessList) UnmarshalTOML(v any) error {
 	var items []any

@@ -22,6 +22,10 @@ import (
 // draw (verbs/soft).
 const maxSoftMR = 1<<24 - 1
 
+// maxSoftDevices bounds verbs.soft_devices: a test of several NICs needs
+// a few.
+const maxSoftDevices = 16
+
 // maxPopulateWorkers bounds buffers.populate_workers: more threads than
 // this only contend for the same page allocator.
 const maxPopulateWorkers = 256
@@ -47,6 +51,15 @@ func (c Config) Validate() error {
 		// A real device's max_mr is the hardware's; a cap that silently does
 		// nothing would mislead.
 		bad("verbs.soft_max_mr", "%d is set but the backend is rdma; it applies only to the soft backend (remove it or set it to 0)", c.Verbs.SoftMaxMR)
+	}
+	if d := c.Verbs.Device; d != "" && (c.Verbs.AllDevices || c.Verbs.Devices != nil && c.Verbs.Devices[0] != d) {
+		bad("verbs.devices", "does not start with verbs.device %q; remove verbs.device (verbs.devices lists the first device first)", d)
+	}
+	switch n := c.Verbs.SoftDevices; {
+	case n < 0 || n > maxSoftDevices:
+		bad("verbs.soft_devices", "%d is out of range; use 0 or 1 (one device) to %d", n, maxSoftDevices)
+	case n > 1 && c.Verbs.Backend == BackendRDMA:
+		bad("verbs.soft_devices", "%d is set but the backend is rdma; it applies only to the soft backend (remove it or set it to 0)", n)
 	}
 	switch n := c.Verbs.SoftMaxPD; {
 	case n < 0:

@@ -26,6 +26,7 @@ package soft
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 
 	"mrfs/verbs"
@@ -34,7 +35,11 @@ import (
 // Options configure the soft device.
 type Options struct {
 	DeviceName string // "" -> "soft0"
-	MaxMR      int    // 0 -> 524287 (rxe's max_mr); capped at 1<<24-1 (maxMR)
+	// Devices is how many devices the provider has (0 -> 1), named
+	// DeviceName and then soft1, soft2...: independent devices, each
+	// with its own keys, PDs and limits, for tests of several NICs.
+	Devices int
+	MaxMR   int // 0 -> 524287 (rxe's max_mr); capped at 1<<24-1 (maxMR)
 	// MaxMRSize caps a region's length (EINVAL past it), as devices do
 	// that register at most so much at once; 0: rxe's, no limit.
 	MaxMRSize uint64
@@ -68,24 +73,43 @@ func New(opt Options) verbs.Provider {
 	if opt.MaxPD <= 0 {
 		opt.MaxPD = rxeMaxPD
 	}
-	return &provider{dev: newDevice(opt)}
+	p := &provider{}
+	for i := range max(opt.Devices, 1) {
+		o := opt
+		if i > 0 {
+			o.DeviceName = fmt.Sprintf("soft%d", i)
+		}
+		p.devs = append(p.devs, newDevice(o))
+	}
+	return p
 }
 
 type provider struct {
-	dev *device // immutable after New
+	devs []*device // immutable after New
 }
 
 func (p *provider) Name() string { return "soft" }
 
 func (p *provider) Devices() ([]verbs.DeviceInfo, error) {
-	return []verbs.DeviceInfo{{Name: p.dev.name, Attr: p.dev.attr}}, nil
+	out := make([]verbs.DeviceInfo, len(p.devs))
+	for i, d := range p.devs {
+		out[i] = verbs.DeviceInfo{Name: d.name, Attr: d.attr}
+	}
+	return out, nil
 }
 
-// Open returns a new context on the device. Contexts share the device's
-// regions and PD numbering, as contexts of one rxe device do.
+// Open returns a new context on the named device ("": the first).
+// Contexts share the device's regions and PD numbering, as contexts of
+// one rxe device do.
 func (p *provider) Open(name string) (verbs.Device, error) {
-	if name != "" && name != p.dev.name {
-		return nil, fmt.Errorf("open device %q: soft has only %q: %w", name, p.dev.name, syscall.ENODEV)
+	for _, d := range p.devs {
+		if name == "" || name == d.name {
+			return &context{dev: d, pds: map[*pd]struct{}{}}, nil
+		}
 	}
-	return &context{dev: p.dev, pds: map[*pd]struct{}{}}, nil
+	names := make([]string, len(p.devs))
+	for i, d := range p.devs {
+		names[i] = d.name
+	}
+	return nil, fmt.Errorf("open device %q: soft has only %s: %w", name, strings.Join(names, ", "), syscall.ENODEV)
 }
