@@ -87,6 +87,18 @@ func TestSeveralDevices(t *testing.T) {
 	if err := os.Remove(f); err != nil {
 		t.Fatal(err)
 	}
+
+	// A pool's chunk is registered on both devices too: its files have
+	// both devices' keys.
+	pool := makePool(t, d, "pool", "4KiB", 4)
+	pf := pool + "/a"
+	makeBuffer(t, pf, 0)
+	if pk := keyLines(t, pf); len(pk) != 2 || pk["soft0"] == "" || pk["soft1"] == "" || pk["soft0"] == pk["soft1"] {
+		t.Errorf("a pool file's user.mrfs.keys = %v, want soft0's and soft1's", pk)
+	}
+	if err := os.RemoveAll(pool); err != nil {
+		t.Fatal(err)
+	}
 	if s := readStats(t, d.mnt); s.Regions != 0 {
 		t.Errorf("stats after rm: %d regions, want 0", s.Regions)
 	}
