@@ -98,7 +98,7 @@ func (d *device) AllocPD() (verbs.PD, error) {
 		}
 		p.parts = append(p.parts, part)
 	}
-	p.handle = p.parts[0].Handle()
+	p.primary = p.parts[0]
 	return p, nil
 }
 
@@ -114,13 +114,13 @@ func (d *device) Close() error {
 }
 
 type pd struct {
-	dev    *device
-	handle uint32     // the primary's
-	parts  []verbs.PD // one per device, in the device's order, until deallocated
+	dev     *device
+	primary verbs.PD   // parts[0], kept once deallocated
+	parts   []verbs.PD // one per device, in the device's order, until deallocated
 }
 
 // Handle is the primary device's PD number.
-func (p *pd) Handle() uint32 { return p.handle }
+func (p *pd) Handle() uint32 { return p.primary.Handle() }
 
 // RegMR registers the range on every device, with the same access.
 func (p *pd) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.MR, error) {
@@ -149,7 +149,7 @@ func (p *pd) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.MR, 
 // handle stays) for a later call.
 func (p *pd) Dealloc() error {
 	if len(p.parts) == 0 {
-		return fmt.Errorf("dealloc_pd %d: already deallocated: %w", p.handle, syscall.EINVAL)
+		return fmt.Errorf("dealloc_pd %d: already deallocated: %w", p.Handle(), syscall.EINVAL)
 	}
 	for i := len(p.parts) - 1; i >= 0; i-- {
 		if err := p.parts[i].Dealloc(); err != nil {
@@ -163,7 +163,7 @@ func (p *pd) Dealloc() error {
 // Responder serves the soft transport with the primary device's
 // regions, when its backend serves one.
 func (p *pd) Responder() verbs.Responder {
-	if rp, ok := p.parts[0].(verbs.ResponderPD); ok {
+	if rp, ok := p.primary.(verbs.ResponderPD); ok {
 		return rp.Responder()
 	}
 	return nil
