@@ -154,7 +154,7 @@ type mrfsStats struct {
 	PID             int                  `json:"pid"`
 }
 
-func readStats(t *testing.T, mnt string) mrfsStats {
+func readStats(t testing.TB, mnt string) mrfsStats {
 	t.Helper()
 	raw := mustXattr(t, mnt, xStats)
 	var s mrfsStats

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -92,6 +93,11 @@ func BenchmarkMillion(b *testing.B) {
 		return
 	}
 	made := time.Since(start)
+	// All of them made, registered and charged, one region each: the CI
+	// run at 100,000 fails on a lost or leaked buffer, not only on time.
+	if s := readStats(b, d.mnt); s.Buffers != int64(n) || s.Regions != int64(n) || s.RegisteredBytes != int64(n)*4096 || s.ChargedBytes != int64(n)*4096 {
+		b.Fatalf("after %d creates: buffers %d, regions %d, registered %d B, charged %d B", n, s.Buffers, s.Regions, s.RegisteredBytes, s.ChargedBytes)
+	}
 	first := window / marks[window].Sub(start).Seconds()
 	last := window / marks[int64(n)].Sub(marks[int64(n-window)]).Seconds()
 	perBuffer := float64(kb("VmRSS")-rss0)*1024/float64(n) - 4096
@@ -114,6 +120,9 @@ func BenchmarkMillion(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
+	if out, err := exec.Command("sh", "-c", "ls -lR "+d.mnt+" | grep -c '^-rw------- 1 root root 4096 '").Output(); err != nil || strings.TrimSpace(string(out)) != strconv.Itoa(n) {
+		b.Fatalf("ls -lR lists %q files of 4096 bytes, want %d (%v)", strings.TrimSpace(string(out)), n, err)
+	}
 	for _, c := range [][]string{{"ls", "-lR"}, {"du", "-s"}} {
 		tm := timed(append(c, d.mnt)...)
 		tt := timed(append(c, tmp)...)
@@ -123,5 +132,8 @@ func BenchmarkMillion(b *testing.B) {
 
 	if took, ok := timedTeardown(b, d, 20*time.Minute); ok {
 		b.Logf("million-bench: | teardown of %d | %v | exit %d |", n, took.Round(time.Millisecond), d.cmd.ProcessState.ExitCode())
+		if c := d.cmd.ProcessState.ExitCode(); c != 0 {
+			b.Errorf("teardown of %d buffers exited %d", n, c)
+		}
 	}
 }
