@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"mrfs/buffer"
 )
@@ -200,6 +201,28 @@ func (d Desc) Span() ([]Region, error) {
 		}
 	}
 	return out, nil
+}
+
+// OnDevice is d with the named device's keys and regions in place of
+// the first device's, for a peer whose connection came through that
+// device. A desc of one device is itself for that device; a device it
+// has no keys for is an error that lists those it has.
+func (d Desc) OnDevice(device string) (Desc, error) {
+	if len(d.Devices) == 0 {
+		if device == d.Device {
+			return d, nil
+		}
+		return d, fmt.Errorf("the connection came through device %s, and the desc has keys for %s only", device, d.Device)
+	}
+	var names []string
+	for _, dr := range d.Devices {
+		if dr.Device == device {
+			d.Device, d.LKey, d.RKey, d.Regions = dr.Device, dr.LKey, dr.RKey, dr.Regions
+			return d, nil
+		}
+		names = append(names, dr.Device)
+	}
+	return d, fmt.Errorf("the connection came through device %s, and the desc has keys for %s only", device, strings.Join(names, ", "))
 }
 
 // Hex is a number written as a hex string.

@@ -105,3 +105,30 @@ func TestState(t *testing.T) {
 		}
 	}
 }
+
+// OnDevice gives the keys and regions of the device a connection came
+// through; the first device's stay the desc's own.
+func TestOnDevice(t *testing.T) {
+	d := desc.Desc{Device: "rxe0", LKey: 1, RKey: 2, Regions: []desc.Region{{Addr: 0x1000, Length: 0x1000, RKey: 2}},
+		Devices: []desc.DeviceRegions{
+			{Device: "rxe0", LKey: 1, RKey: 2, Regions: []desc.Region{{Addr: 0x1000, Length: 0x1000, RKey: 2}}},
+			{Device: "rxe1", LKey: 3, RKey: 4, Regions: []desc.Region{{Addr: 0x1000, Length: 0x1000, RKey: 4}}},
+		}}
+	got, err := d.OnDevice("rxe1")
+	if err != nil || got.Device != "rxe1" || got.LKey != 3 || got.RKey != 4 || len(got.Regions) != 1 || got.Regions[0].RKey != 4 {
+		t.Errorf("OnDevice(rxe1) = %+v, %v; want rxe1's keys and regions", got, err)
+	}
+	if d.RKey != 2 || d.Regions[0].RKey != 2 {
+		t.Errorf("OnDevice changed the desc it was called on: %+v", d)
+	}
+	if _, err := d.OnDevice("rxe2"); err == nil || !strings.Contains(err.Error(), "rxe0, rxe1") {
+		t.Errorf("OnDevice(rxe2): %v; want an error listing rxe0, rxe1", err)
+	}
+	one := desc.Desc{Device: "rxe0", RKey: 2}
+	if got, err := one.OnDevice("rxe0"); err != nil || got.RKey != 2 {
+		t.Errorf("OnDevice of a one-device desc: %+v, %v", got, err)
+	}
+	if _, err := one.OnDevice("rxe1"); err == nil {
+		t.Error("OnDevice(rxe1) of a desc of rxe0 alone: no error")
+	}
+}

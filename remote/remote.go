@@ -36,3 +36,11 @@ type Conn interface {
 	FetchAdd(iova uint64, rkey uint32, add uint64) (old uint64, err error)
 	Close() error
 }
+
+// DeviceConn is a Conn that knows the far side's device it came through
+// (rdma_cm): with buffers registered on several devices, only that
+// device's keys work on it. Device is "" when the far side did not say.
+type DeviceConn interface {
+	Conn
+	Device() string
+}

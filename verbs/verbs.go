@@ -102,6 +102,15 @@ type MultiMR interface {
 	Keys() []DeviceKeys
 }
 
+// MultiPD is a PD on several devices (verbs/multi). On is its part on
+// the named device, nil when it has none: a queue pair of a connection
+// that came through that device is made there, where the device's own
+// keys of the PD's regions are valid.
+type MultiPD interface {
+	PD
+	On(device string) PD
+}
+
 // Errno returns the errno an error from this package carries, or 0.
 func Errno(err error) syscall.Errno {
 	var e syscall.Errno

@@ -116,7 +116,8 @@ type remoteCmd struct {
 
 	tok        remote.Token
 	named      *published      // the buffer found by --name, or nil
-	regions    []remote.Region // from --desc (or --name), else nil
+	desc       *desc.Desc      // from --desc (or --name), else nil
+	regions    []remote.Region // desc's, of the device connected through
 	addr, rkey uint64
 	length     uint64
 	haveLength bool
@@ -238,7 +239,10 @@ func (r *remoteCmd) resolveTarget() error {
 	if *r.addrS != "" || *r.rkeyS != "" {
 		return usageError("remote %s: --desc replaces --addr and --rkey; give one or the other", op)
 	}
-	base, regions, err := parseDesc(*r.descS)
+	d, err := parseDesc(*r.descS)
+	if err == nil {
+		_, err = d.Span()
+	}
 	if err != nil {
 		return usageError("remote %s: --desc: %v", op, err)
 	}
@@ -246,13 +250,44 @@ func (r *remoteCmd) resolveTarget() error {
 	if err != nil {
 		return err
 	}
-	r.regions, r.addr = regions, base+off
-	reg, err := remote.RegionAt(regions, r.addr)
-	if err != nil {
+	r.desc, r.addr = &d, uint64(d.Addr)+off
+	if err := r.useDesc(d); err != nil {
 		return usageError("remote %s: --offset %d: %v", op, off, err)
+	}
+	return nil
+}
+
+// useDesc takes the regions (and the rkey at addr) of d.
+func (r *remoteCmd) useDesc(d desc.Desc) error {
+	span, err := d.Span()
+	if err != nil {
+		return err
+	}
+	r.regions = r.regions[:0]
+	for _, g := range span {
+		r.regions = append(r.regions, remote.Region{Addr: uint64(g.Addr), Length: uint64(g.Length), RKey: uint32(g.RKey)})
+	}
+	reg, err := remote.RegionAt(r.regions, r.addr)
+	if err != nil {
+		return err
 	}
 	r.rkey = uint64(reg.RKey)
 	return nil
+}
+
+// onDevice switches to the keys of the device c came through, when the
+// desc lists several (a buffer on several devices; the desc's own keys
+// are the first device's).
+func (r *remoteCmd) onDevice(c remote.Conn) error {
+	dc, ok := c.(remote.DeviceConn)
+	if !ok || r.desc == nil || len(r.desc.Devices) == 0 || dc.Device() == "" {
+		return nil
+	}
+	d, err := r.desc.OnDevice(dc.Device())
+	if err == nil {
+		err = r.useDesc(d)
+	}
+	return err
 }
 
 // resolveOperands settles the length, the atomics' operands and the
@@ -296,6 +331,9 @@ func (r *remoteCmd) run(stdout io.Writer, transports map[string]dialer) error {
 		return fmt.Errorf("remote %s over %s: %w", op, transport, err)
 	}
 	defer c.Close()
+	if err := r.onDevice(c); err != nil {
+		return fmt.Errorf("remote %s: --desc: %w", op, err)
+	}
 	if r.named != nil {
 		if err := r.named.still(ctx); err != nil {
 			return fmt.Errorf("remote %s: %w", op, err)
@@ -362,28 +400,17 @@ func (r *remoteCmd) write(c remote.Conn) error {
 	return c.Write(r.addr, uint32(r.rkey), data)
 }
 
-// parseDesc reads a user.mrfs.desc, literal or @FILE, for the buffer's
-// address and the regions a peer may reach (desc.Span: a pool file's,
-// cut to its own slot).
-func parseDesc(s string) (addr uint64, regions []remote.Region, err error) {
+// parseDesc reads a user.mrfs.desc, literal or @FILE. Its Span is the
+// regions a peer may reach (a pool file's cut to its own slot).
+func parseDesc(s string) (desc.Desc, error) {
 	data := []byte(s)
 	if name, ok := strings.CutPrefix(s, "@"); ok {
+		var err error
 		if data, err = os.ReadFile(name); err != nil {
-			return 0, nil, err
+			return desc.Desc{}, err
 		}
 	}
-	d, err := desc.Parse(data)
-	if err != nil {
-		return 0, nil, err
-	}
-	span, err := d.Span()
-	if err != nil {
-		return 0, nil, err
-	}
-	for _, r := range span {
-		regions = append(regions, remote.Region{Addr: uint64(r.Addr), Length: uint64(r.Length), RKey: uint32(r.RKey)})
-	}
-	return uint64(d.Addr), regions, nil
+	return desc.Parse(data)
 }
 
 // tokenEnv is the environment variable `mrfs remote` takes a token

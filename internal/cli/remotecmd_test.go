@@ -23,6 +23,9 @@ type fakeRemote struct {
 	dials []string // "transport peer dir"
 	// tokenFile holds fakeToken, for --token-file.
 	tokenFile string
+	// device is the far side's device the connections say they came
+	// through ("": they say nothing).
+	device string
 }
 
 const fakeIOVA, fakeRKey = 0x1000, 0x1234
@@ -69,6 +72,9 @@ func writeToken(t *testing.T, s string) string {
 
 type fakeConn struct{ f *fakeRemote }
 
+var _ remote.DeviceConn = (*fakeConn)(nil)
+
+func (c *fakeConn) Device() string     { return c.f.device }
 func (c *fakeConn) MaxMessage() uint32 { return 1 << 20 }
 func (c *fakeConn) Close() error       { return nil }
 
@@ -273,6 +279,35 @@ func TestRemoteOperations(t *testing.T) {
 		if len(f.dials) == 0 || !strings.HasPrefix(f.dials[len(f.dials)-1], want+" ") {
 			t.Errorf("--transport %s dialed %q", name, f.dials)
 		}
+	}
+}
+
+// With a desc of several devices, the keys are those of the device the
+// connection came through; the desc's own (the first device's) are
+// wrong here on purpose.
+func TestRemoteDescOnDevice(t *testing.T) {
+	f := installFakeRemote(t)
+	saved := stdin
+	t.Cleanup(func() { stdin = saved })
+	const d = `{"device":"soft0","addr":"0x1000","rkey":"0x9999","regions":[{"addr":"0x1000","length":"4096","rkey":"0x9999"}],
+		"devices":[{"device":"soft0","rkey":"0x9999","regions":[{"addr":"0x1000","length":"4096","rkey":"0x9999"}]},
+		{"device":"soft1","rkey":"0x1234","regions":[{"addr":"0x1000","length":"4096","rkey":"0x1234"}]}]}`
+	write := func() (int, string) {
+		stdin = strings.NewReader("via soft1")
+		code, _, errs := runCLI("remote", "write", "--peer", "p:1", "--pd", "/", "--token-file", f.tokenFile, "--desc", d, "--offset", "8")
+		return code, errs
+	}
+	f.device = "soft1"
+	if code, errs := write(); code != exitOK || string(f.mem[8:17]) != "via soft1" {
+		t.Errorf("write through soft1: exit %d, stderr %q, region %q", code, errs, f.mem[8:17])
+	}
+	f.device = "soft0"
+	if code, errs := write(); code != exitFailure || !strings.Contains(errs, "IBV_WC_REM_ACCESS_ERR") || !strings.Contains(errs, "rkey 0x9999") {
+		t.Errorf("write through soft0 (whose key the fake refuses): exit %d, stderr %q", code, errs)
+	}
+	f.device = "soft2"
+	if code, errs := write(); code != exitFailure || !strings.Contains(errs, "came through device soft2, and the desc has keys for soft0, soft1 only") {
+		t.Errorf("write through a device the desc lacks: exit %d, stderr %q", code, errs)
 	}
 }
 

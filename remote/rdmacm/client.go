@@ -46,9 +46,11 @@ type Conn struct {
 	memfd int
 	mem   []byte
 	mr    verbs.MR
+
+	device string // mrfs's device the connection came through, from its accept
 }
 
-var _ remote.Conn = (*Conn)(nil)
+var _ remote.DeviceConn = (*Conn)(nil)
 
 // MaxMessage is the largest RDMA message (2^31 bytes, the IB
 // specification's bound and rxe's max_msg_sz).
@@ -144,8 +146,14 @@ func Dial(peer, dir string, opt DialOptions) (*Conn, error) {
 		}
 		return fail(err)
 	}
+	c.device, _ = decodeAccept(ev.Private)
 	return c, nil
 }
+
+// Device is the name of mrfs's device the connection came through, ""
+// when mrfs did not say: with buffers on several devices, the keys of
+// that device (desc's devices) are the ones that work on it.
+func (c *Conn) Device() string { return c.device }
 
 // expect waits for the next event of the connection and wants typ; the
 // event is returned also when it is another one.

@@ -17,6 +17,7 @@ import (
 
 	"mrfs/remote"
 	"mrfs/remote/gate"
+	"mrfs/verbs"
 	"mrfs/verbs/ibv"
 )
 
@@ -288,7 +289,18 @@ func (l *Listener) accept(ev ibv.Event) {
 	c.detach = detach
 	// The peer's initiator depth, within what rxe and most NICs take.
 	resp := min(ev.ResponderResources, maxResponderResources)
-	qp, err := id.AcceptQP(dom.VerbsPD(), qpDepth, resp)
+	vpd, device := dom.VerbsPD(), id.DeviceName()
+	if mp, ok := vpd.(verbs.MultiPD); ok {
+		// Buffers on several devices: the QP is made in the PD's part on
+		// the device the request came through, whose keys then work.
+		if vpd = mp.On(device); vpd == nil {
+			detach()
+			unreserve()
+			reject(syscall.ENODEV, fmt.Sprintf("pd %d is not on device %s", dom.PD(), device))
+			return
+		}
+	}
+	qp, err := id.AcceptQP(vpd, qpDepth, resp, encodeAccept(device))
 	if err != nil {
 		detach()
 		unreserve()
@@ -296,7 +308,7 @@ func (l *Listener) accept(ev ibv.Event) {
 		return
 	}
 	c.qp, c.qpNum = qp, qp.Num()
-	l.log.Info("rdma_cm connection accepted", "peer", peer.String(), "dir", dir, "pd", c.pd, "qp", c.qpNum,
+	l.log.Info("rdma_cm connection accepted", "peer", peer.String(), "dir", dir, "pd", c.pd, "device", device, "qp", c.qpNum,
 		"responder_resources", resp)
 }
 

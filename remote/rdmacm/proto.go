@@ -26,6 +26,11 @@ import (
 //
 // Private data of a reject: "MRFS", the version, an errno (big endian
 // uint16), the length of a message and the message (for people).
+//
+// Private data of an accept: "MRFS", the version, the length of a name
+// and the name of mrfs's device the connection came through, whose keys
+// the peer must use when buffers are registered on several devices
+// (desc's devices). A peer that ignores it works with one device.
 const (
 	magic       = "MRFS"
 	version     = 2
@@ -34,6 +39,7 @@ const (
 	rejectHdr   = len(magic) + 4
 	maxConnect  = 56 // ibv.MaxPrivateConnect
 	maxReject   = 148
+	maxAccept   = 196                     // ibv.MaxPrivateAccept
 	MaxDirBytes = maxConnect - connectHdr // the longest directory a peer can name
 )
 
@@ -81,6 +87,29 @@ func decodeConnect(b []byte) (dir string, tok remote.Token, err error) {
 		}
 	}
 	return dir, tok, nil
+}
+
+// encodeAccept is the private data of an accept through device.
+func encodeAccept(device string) []byte {
+	b := make([]byte, 0, len(magic)+2+len(device))
+	b = append(b, magic...)
+	b = append(b, version, byte(len(device)))
+	return append(b, device...)
+}
+
+// decodeAccept reads the device an accept names; ok is false when the
+// private data names none (an mrfs before several devices, or another
+// program).
+func decodeAccept(b []byte) (device string, ok bool) {
+	h := len(magic) + 2
+	if len(b) < h || string(b[:len(magic)]) != magic || b[len(magic)] != version {
+		return "", false
+	}
+	n := int(b[h-1])
+	if n == 0 || h+n > len(b) {
+		return "", false
+	}
+	return string(b[h : h+n]), true
 }
 
 // encodeReject is the private data of a reject for errno with msg,

@@ -67,3 +67,19 @@ func TestRejectRoundTrip(t *testing.T) {
 		t.Error("a foreign reject decoded as mrfs's")
 	}
 }
+
+func TestAcceptRoundTrip(t *testing.T) {
+	b := encodeAccept("rxe1")
+	if len(b) > maxAccept {
+		t.Errorf("accept of %d bytes, at most %d fit", len(b), maxAccept)
+	}
+	// Over IB and RoCE the peer sees the REP's whole field, zero-padded.
+	if dev, ok := decodeAccept(append(b, make([]byte, 40)...)); !ok || dev != "rxe1" {
+		t.Errorf("decodeAccept = %q %v, want rxe1", dev, ok)
+	}
+	for _, bad := range [][]byte{nil, make([]byte, 196), encodeAccept(""), encodeAccept("rxe1")[:7]} {
+		if dev, ok := decodeAccept(bad); ok {
+			t.Errorf("decodeAccept(%q) = %q: want no device", bad, dev)
+		}
+	}
+}

@@ -206,10 +206,13 @@ static int mrfs_qp_error(struct ibv_qp *qp)
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE);
 }
 
-static int mrfs_accept_qpn(struct rdma_cm_id *id, uint32_t qpn, uint8_t responder_resources)
+static int mrfs_accept_qpn(struct rdma_cm_id *id, uint32_t qpn, uint8_t responder_resources,
+			   const void *priv, uint8_t priv_len)
 {
 	struct rdma_conn_param p;
 	memset(&p, 0, sizeof(p));
+	p.private_data = priv;
+	p.private_data_len = priv_len;
 	p.responder_resources = responder_resources;
 	p.initiator_depth = 0;
 	p.rnr_retry_count = 7;
@@ -689,7 +692,13 @@ func (q cQP) toError() syscall.Errno { return syscall.Errno(C.mrfs_qp_error(q.p)
 func (q cQP) destroy() syscall.Errno { return syscall.Errno(C.ibv_destroy_qp(q.p)) }
 
 // acceptQPN wraps rdma_accept for a QP librdmacm does not manage.
-func (id cID) acceptQPN(qpn uint32, respRes uint8) error {
-	r, err := C.mrfs_accept_qpn(id.p, C.uint32_t(qpn), C.uint8_t(respRes))
+// acceptQPN wraps rdma_accept for a QP of mrfs's own; librdmacm copies
+// the private data.
+func (id cID) acceptQPN(qpn uint32, respRes uint8, private []byte) error {
+	var p unsafe.Pointer
+	if len(private) > 0 {
+		p = unsafe.Pointer(&private[0])
+	}
+	r, err := C.mrfs_accept_qpn(id.p, C.uint32_t(qpn), C.uint8_t(respRes), p, C.uint8_t(len(private)))
 	return cmErr(r, err)
 }

@@ -235,6 +235,10 @@ func (id CMID) Accept(responderResources, initiatorDepth uint8) error {
 	return nil
 }
 
+// MaxPrivateAccept is the private data an accept carries over IB and
+// RoCE (the CM REP's field; rdma_cm adds no header to it).
+const MaxPrivateAccept = 196
+
 // MaxPrivateReject is the private data a reject carries over IB and
 // RoCE (the CM REJ's field).
 const MaxPrivateReject = 148
@@ -347,8 +351,12 @@ func (id CMID) CreateQP(p verbs.PD, depth int) (*QP, error) {
 // re-initialises the access flags on the way to RTR, so mrfs could not
 // set them. Moving the QP itself (rdma_init_qp_attr, then ibv_modify_qp)
 // and accepting by QP number leaves the decision to the regions' flags;
-// Disconnect and Destroy handle such a QP too.
-func (id CMID) AcceptQP(p verbs.PD, depth int, responderResources uint8) (*QP, error) {
+// Disconnect and Destroy handle such a QP too. The private data (at
+// most MaxPrivateAccept bytes) reaches the peer with its ESTABLISHED.
+func (id CMID) AcceptQP(p verbs.PD, depth int, responderResources uint8, private []byte) (*QP, error) {
+	if len(private) > MaxPrivateAccept {
+		return nil, fmt.Errorf("rdma_accept: %d bytes of private data, at most %d fit: %w", len(private), MaxPrivateAccept, syscall.EINVAL)
+	}
 	pp, unlock, err := id.lockPD(p)
 	if err != nil {
 		return nil, err
@@ -370,7 +378,7 @@ func (id CMID) AcceptQP(p verbs.PD, depth int, responderResources uint8) (*QP, e
 		q.Destroy()
 		return nil, fmt.Errorf("move qp %d to RTS: %w", own.num(), err)
 	}
-	if err := id.c.acceptQPN(own.num(), responderResources); err != nil {
+	if err := id.c.acceptQPN(own.num(), responderResources, private); err != nil {
 		q.Destroy()
 		return nil, fmt.Errorf("rdma_accept: %w", err)
 	}

@@ -59,6 +59,7 @@ var (
 	_ verbs.Device      = (*device)(nil)
 	_ verbs.ResponderPD = (*pd)(nil)
 	_ verbs.MultiMR     = (*mr)(nil)
+	_ verbs.MultiPD     = (*pd)(nil)
 )
 
 // Name is the primary device's name.
@@ -156,6 +157,17 @@ func (p *pd) Dealloc() error {
 			return &verbs.DeviceError{Device: p.dev.devs[i].Name(), Err: err}
 		}
 		p.parts = p.parts[:i]
+	}
+	return nil
+}
+
+// On is the PD's part on the named device; nil when the PD has none
+// there (no such device, or deallocated).
+func (p *pd) On(device string) verbs.PD {
+	for i, part := range p.parts {
+		if p.dev.devs[i].Name() == device {
+			return part
+		}
 	}
 	return nil
 }

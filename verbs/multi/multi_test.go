@@ -80,6 +80,20 @@ func TestKeysPerDevice(t *testing.T) {
 	if d.Name() != "soft0" {
 		t.Errorf("Name() = %q, want the first device's", d.Name())
 	}
+	// A connection through soft1 works in the PD's soft1 part, where
+	// soft1's key reaches the region and soft0's does not.
+	mp := pd.(verbs.MultiPD)
+	if mp.On("soft2") != nil {
+		t.Errorf("On(soft2) = %v, want nil: the PD has no part there", mp.On("soft2"))
+	}
+	r := mp.On("soft1").(verbs.ResponderPD).Responder()
+	var b [8]byte
+	if st := r.Read(b[:], mr.IOVA(), ks[1].RKey); st != verbs.WCSuccess {
+		t.Errorf("READ through soft1 with soft1's rkey: %v", st)
+	}
+	if st := r.Read(b[:], mr.IOVA(), ks[0].RKey); st != verbs.WCRemAccessErr {
+		t.Errorf("READ through soft1 with soft0's rkey: %v, want IBV_WC_REM_ACCESS_ERR", st)
+	}
 	if err := mr.Dereg(); err != nil {
 		t.Fatal(err)
 	}
