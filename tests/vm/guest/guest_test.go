@@ -63,7 +63,13 @@ func (e resEntry) num(key string) (uint64, bool) {
 // the guest's root has.
 func rdmaRes(t testing.TB, kind string) []resEntry {
 	t.Helper()
-	out, err := exec.Command("rdma", "-j", "resource", "show", kind, "dev", device).Output()
+	return rdmaResOn(t, kind, device)
+}
+
+// rdmaResOn is rdmaRes on the named device.
+func rdmaResOn(t testing.TB, kind, dev string) []resEntry {
+	t.Helper()
+	out, err := exec.Command("rdma", "-j", "resource", "show", kind, "dev", dev).Output()
 	if err != nil {
 		t.Fatalf("rdma -j resource show %s: %v", kind, errText(err))
 	}
@@ -210,9 +216,16 @@ func mountConf(t testing.TB, extra string) *daemon {
 // mountZeroCopy is mountConf with mount.zero_copy as given.
 func mountZeroCopy(t testing.TB, zc bool, extra string) *daemon {
 	t.Helper()
+	return mountVerbs(t, fmt.Sprintf("device = %q", device), zc, extra)
+}
+
+// mountVerbs is mountZeroCopy with the [verbs] table's lines beside its
+// backend given (its first device must be rxe0).
+func mountVerbs(t testing.TB, verbs string, zc bool, extra string) *daemon {
+	t.Helper()
 	tmp := t.TempDir()
 	cfg := filepath.Join(tmp, "config.toml")
-	conf := fmt.Sprintf("[verbs]\nbackend = \"rdma\"\ndevice = %q\n\n[mount]\nzero_copy = %v\n\n%s", device, zc, extra)
+	conf := fmt.Sprintf("[verbs]\nbackend = \"rdma\"\n%s\n\n[mount]\nzero_copy = %v\n\n%s", verbs, zc, extra)
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}

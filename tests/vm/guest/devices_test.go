@@ -1,0 +1,236 @@
+//go:build rdma
+
+package guest
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The second device: rxe1 on the guest's second virtio NIC (eth1), made
+// by the test that needs it and deleted after it, so that every other
+// test sees rxe0 alone.
+const (
+	device2 = "rxe1"
+	addr0   = "10.0.2.15" // eth0's, rxe0's
+	addr1   = "10.0.3.15" // eth1's, rxe1's
+)
+
+// addRxe1 gives eth1 its address and makes rxe1 on it until the test
+// ends (after the daemon's cleanup, which t.Cleanup runs first).
+func addRxe1(t *testing.T) {
+	t.Helper()
+	run := func(args ...string) error {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if _, err := os.Stat("/sys/class/net/eth1"); err != nil {
+		t.Fatalf("the guest has no eth1 (tests/vm/run gives it a second virtio NIC): %v", err)
+	}
+	if err := run("ip", "addr", "replace", addr1+"/24", "dev", "eth1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := run("ip", "link", "set", "eth1", "up"); err != nil {
+		t.Fatal(err)
+	}
+	if err := run("rdma", "link", "add", device2, "type", "rxe", "netdev", "eth1"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := run("rdma", "link", "delete", device2); err != nil {
+			t.Errorf("delete %s: %v", device2, err)
+		}
+	})
+}
+
+// idsOn is ids on each named device.
+func idsOn(t testing.TB, kind string, devs ...string) snapshot {
+	t.Helper()
+	s := snapshot{}
+	for _, dev := range devs {
+		for _, e := range rdmaResOn(t, kind, dev) {
+			s[e.id(kind)] = true
+		}
+	}
+	return s
+}
+
+// deviceKeys reads user.mrfs.keys: "DEVICE LKEY RKEY" per line.
+func deviceKeys(t testing.TB, path string) map[string][2]uint64 {
+	t.Helper()
+	keys := map[string][2]uint64{}
+	for _, line := range strings.Split(strings.TrimSpace(getxattr(t, path, "user.mrfs.keys")), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			t.Fatalf("user.mrfs.keys line %q, want DEVICE LKEY RKEY", line)
+		}
+		l, err1 := strconv.ParseUint(f[1], 0, 32)
+		r, err2 := strconv.ParseUint(f[2], 0, 32)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("user.mrfs.keys line %q: %v %v", line, err1, err2)
+		}
+		keys[f[0]] = [2]uint64{l, r}
+	}
+	return keys
+}
+
+// TestTwoDevices is issue 22 on real verbs: a mount on rxe0 and rxe1
+// registers each buffer on both (one MR per device in the kernel's
+// tracking, with the keys user.mrfs.keys shows); rdma_cm listens on
+// both devices' addresses; a peer that comes through either device
+// writes with that device's keys (mrfs remote --desc picks them from the
+// accept) and the bytes are in the client's mapping; the other device's
+// rkey used through a device completes with IBV_WC_REM_ACCESS_ERR there;
+// after rm neither device lists the buffer, and after the teardown
+// neither lists anything of the daemon.
+func TestTwoDevices(t *testing.T) {
+	requireGuest(t)
+	addRxe1(t)
+	devs := []string{device, device2}
+	mrsBefore, pdsBefore := idsOn(t, "mr", devs...), idsOn(t, "pd", devs...)
+	d := mountVerbs(t, `devices = ["rxe0", "rxe1"]`, zeroCopy(),
+		"[remote]\nlisten = \"0.0.0.0:0\"\nallow_from = [\"10.0.2.0/24\", \"10.0.3.0/24\"]\n")
+	// The peers take the port from user.mrfs.remote ("rdma_cm
+	// 0.0.0.0:PORT /") and the address of the device to come through.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		where := strings.Fields(getxattr(t, d.dir, "user.mrfs.remote"))
+		if len(where) == 3 && where[0] == "rdma_cm" && strings.HasPrefix(where[1], "0.0.0.0:") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no rdma_cm listener 20 s after the mount: user.mrfs.remote %q\n%s", where, d.log)
+		}
+	}
+	rd := &remoteDaemon{daemon: d}
+
+	// A buffer whose rkeys differ on the two devices (rxe draws a key's
+	// low byte at random: 1 in 256 buffers has the same rkey on both).
+	var f string
+	var keys map[string][2]uint64
+	for i := 0; ; i++ {
+		f = filepath.Join(d.dir, "rx"+strconv.Itoa(i))
+		createSized(t, f, 64<<10)
+		if err := unix.Setxattr(f, "user.mrfs.access", []byte("local_write,remote_write,remote_read"), 0); err != nil {
+			t.Fatal(err)
+		}
+		keys = deviceKeys(t, f)
+		if len(keys) != 2 {
+			t.Fatalf("user.mrfs.keys of %s lists %v, want rxe0 and rxe1", f, keys)
+		}
+		if keys[device][1] != keys[device2][1] || i == 8 {
+			break
+		}
+	}
+	if keys[device][1] == keys[device2][1] {
+		t.Fatalf("nine buffers with the same rkey on both devices: %v", keys)
+	}
+	if l, r := xattrNum(t, f, "user.mrfs.lkey"), xattrNum(t, f, "user.mrfs.rkey"); l != keys[device][0] || r != keys[device][1] {
+		t.Errorf("user.mrfs.lkey/rkey %#x/%#x, want rxe0's of user.mrfs.keys %v", l, r, keys)
+	}
+	// One MR per device, with that device's keys.
+	for _, dev := range devs {
+		hits := byLKey(rdmaResOn(t, "mr", dev), keys[dev][0])
+		if len(hits) != 1 {
+			t.Fatalf("%s lists %d MRs with lkey %#x, want 1", dev, len(hits), keys[dev][0])
+		}
+		if r, _ := hits[0].num("rkey"); r != keys[dev][1] {
+			t.Errorf("%s: kernel rkey %#x, user.mrfs.keys %#x", dev, r, keys[dev][1])
+		}
+		t.Logf("%s: %v", dev, hits[0])
+	}
+
+	fh, err := os.OpenFile(f, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	m, err := unix.Mmap(int(fh.Fd()), 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	// What the client sees: its mapping with zero copy (the registered
+	// pages), else the file.
+	seen := func(off, n int) []byte {
+		if zeroCopy() {
+			return m[off : off+n]
+		}
+		b := make([]byte, n)
+		if _, err := fh.ReadAt(b, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	descFile := filepath.Join(t.TempDir(), "desc")
+	if err := os.WriteFile(descFile, []byte(getxattr(t, f, "user.mrfs.desc")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	write := `PEER=$IP:${PEER##*:}; MRFS_TOKEN="$(tok /)" "$MRFS" remote write --peer "$PEER" --pd / --desc @"$DESC" --offset "$OFF" < "$DATA"`
+	for i, c := range []struct{ ip, dev string }{{addr0, device}, {addr1, device2}} {
+		msg := "written through " + c.dev
+		data := filepath.Join(t.TempDir(), "data")
+		if err := os.WriteFile(data, []byte(msg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		off := strconv.Itoa(i * 4096)
+		if code, out := cliPeer(t, rd, write, "IP", c.ip, "DESC", descFile, "OFF", off, "DATA", data); code != 0 {
+			t.Fatalf("mrfs remote write through %s: exit %d: %s", c.dev, code, out)
+		}
+		if got := seen(i*4096, len(msg)); !bytes.Equal(got, []byte(msg)) {
+			t.Errorf("after a WRITE through %s the client sees %q at %s, want %q", c.dev, got, off, msg)
+		}
+	}
+	if !strings.Contains(d.log.String(), "device="+device2) {
+		t.Errorf("the daemon's log names no connection through %s", device2)
+	}
+
+	// The other device's rkey, through each device: the NIC refuses it.
+	addr := getxattr(t, f, "user.mrfs.addr")
+	cross := `PEER=$IP:${PEER##*:}; echo x | MRFS_TOKEN="$(tok /)" "$MRFS" remote write --peer "$PEER" --pd / --addr "$ADDR" --rkey "$RKEY"`
+	for _, c := range []struct{ ip, through, other string }{{addr0, device, device2}, {addr1, device2, device}} {
+		code, out := cliPeer(t, rd, cross, "IP", c.ip, "ADDR", addr, "RKEY", fmt.Sprintf("%#x", keys[c.other][1]))
+		if code != 1 || !strings.HasPrefix(out, "mrfs: IBV_WC_REM_ACCESS_ERR: ") {
+			t.Errorf("a WRITE through %s with %s's rkey: exit %d, %s; want exit 1 and IBV_WC_REM_ACCESS_ERR", c.through, c.other, code, out)
+		}
+	}
+
+	unix.Munmap(m)
+	fh.Close()
+	entries, err := os.ReadDir(d.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(d.dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dev := range devs {
+		if hits := byLKey(rdmaResOn(t, "mr", dev), keys[dev][0]); len(hits) != 0 {
+			t.Errorf("after rm, %s still lists the buffer's MR: %v", dev, hits)
+		}
+	}
+	if err := d.stop(t); err != nil {
+		t.Fatalf("teardown: %v\n%s", err, d.log)
+	}
+	for _, kind := range []string{"mr", "pd"} {
+		before := map[string]snapshot{"mr": mrsBefore, "pd": pdsBefore}[kind]
+		for id := range idsOn(t, kind, devs...) {
+			if !before[id] {
+				t.Errorf("after the teardown %s %s remains", kind, id)
+			}
+		}
+	}
+}
