@@ -72,6 +72,9 @@ type DeviceRegions struct {
 	LKey    Key      `json:"lkey"`
 	RKey    Key      `json:"rkey"`
 	Regions []Region `json:"regions"`
+	// Listen is where a peer reaches this device ("rdma_cm
+	// 10.0.3.5:7471"), in what etcd holds.
+	Listen string `json:"listen,omitempty"`
 }
 
 // Pool is a pool file's place: its pool's directory (when known), the

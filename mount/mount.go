@@ -17,6 +17,7 @@ import (
 	"mrfs/fs"
 	"mrfs/internal/config"
 	"mrfs/internal/gcpace"
+	"mrfs/publish"
 	"mrfs/store"
 	"mrfs/tree"
 	"mrfs/verbs"
@@ -66,7 +67,9 @@ func Run(opt Options) error {
 		p.srv.Wait()
 		close(unmounted)
 	}()
-	if err := p.pub.start(cfg.Publish, p.tree, opt.Dir, p.remote.Where, log); err != nil {
+	primary := p.dev.Name()
+	where := func() publish.Where { return p.remote.Published(primary) }
+	if err := p.pub.start(cfg.Publish, p.tree, opt.Dir, where, log); err != nil {
 		log.Error("publish: cannot start; buffers are not published", "err", err)
 	}
 	if !cfg.Mount.ZeroCopy {

@@ -60,7 +60,7 @@ func (e *publishing) changed(n tree.Node) {
 }
 
 // start starts publishing tr to etcd when [publish] has endpoints.
-func (e *publishing) start(cfg config.Publish, tr *tree.Tree, mountpoint string, where func() string, log *slog.Logger) error {
+func (e *publishing) start(cfg config.Publish, tr *tree.Tree, mountpoint string, where func() publish.Where, log *slog.Logger) error {
 	if len(cfg.Endpoints) == 0 {
 		return nil
 	}

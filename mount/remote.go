@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"mrfs/internal/config"
+	"mrfs/publish"
 	"mrfs/remote/gate"
 	"mrfs/remote/server"
 )
@@ -17,6 +18,7 @@ import (
 type rdmaListener interface {
 	io.Closer
 	Addr() netip.AddrPort
+	Reach() map[string]netip.AddrPort
 }
 
 // listenFunc binds the rdma_cm listener: listenRDMA, or a fake in tests.
@@ -32,6 +34,7 @@ type remoteAccess struct {
 	pending gate.Pending
 	where   atomic.Pointer[string]
 	closer  io.Closer
+	rdma    rdmaListener // the rdma_cm listener, or nil
 }
 
 // policy is [remote] as the transports apply it, reporting to ev.
@@ -73,7 +76,7 @@ func bindRemoteWith(cfg config.Remote, backend string, ev gate.Events, log *slog
 		if err != nil {
 			return nil, fmt.Errorf("remote access over rdma_cm on %s: %w", cfg.Listen, err)
 		}
-		r.closer = l
+		r.closer, r.rdma = l, l
 		where = "rdma_cm " + l.Addr().String()
 	default:
 		return nil, fmt.Errorf("remote access: unknown backend %q", backend)
@@ -91,6 +94,27 @@ func (r *remoteAccess) Where() string {
 		return *w
 	}
 	return ""
+}
+
+// Published is where peers connect, as etcd says it: user.mrfs.remote's
+// transport and address, except that an rdma_cm listener bound to the
+// unspecified address (every device) gives the address of primary (the
+// first device), which a peer can reach; and where each device is
+// reached, for desc's devices.
+func (r *remoteAccess) Published(primary string) publish.Where {
+	w := publish.Where{Listen: r.Where()}
+	if r == nil || r.rdma == nil || w.Listen == "" {
+		return w
+	}
+	reach := r.rdma.Reach()
+	w.Devices = make(map[string]string, len(reach))
+	for dev, ap := range reach {
+		w.Devices[dev] = "rdma_cm " + ap.String()
+	}
+	if ap, ok := reach[primary]; ok && r.rdma.Addr().Addr().IsUnspecified() {
+		w.Listen = "rdma_cm " + ap.String()
+	}
+	return w
 }
 
 // Serve lets peers in: resolve maps the directory a peer names to its

@@ -16,11 +16,45 @@ import (
 
 type fakeListener struct {
 	addr   netip.AddrPort
+	reach  map[string]netip.AddrPort
 	closed bool
 }
 
-func (l *fakeListener) Addr() netip.AddrPort { return l.addr }
-func (l *fakeListener) Close() error         { l.closed = true; return nil }
+func (l *fakeListener) Addr() netip.AddrPort             { return l.addr }
+func (l *fakeListener) Reach() map[string]netip.AddrPort { return l.reach }
+func (l *fakeListener) Close() error                     { l.closed = true; return nil }
+
+// What etcd gets: each device's address, and for a listener on every
+// address the first device's, which a peer can reach (0.0.0.0 it cannot).
+func TestRemotePublishedPerDevice(t *testing.T) {
+	reach := map[string]netip.AddrPort{
+		"rxe0": netip.MustParseAddrPort("10.0.2.15:7471"),
+		"rxe1": netip.MustParseAddrPort("10.0.3.15:7471"),
+	}
+	for _, c := range []struct {
+		bound, primary, want string
+	}{
+		{"0.0.0.0:7471", "rxe0", "rdma_cm 10.0.2.15:7471"},
+		{"0.0.0.0:7471", "rxe1", "rdma_cm 10.0.3.15:7471"},
+		{"0.0.0.0:7471", "mlx5_0", "rdma_cm 0.0.0.0:7471"}, // no address known: as bound
+		{"10.0.3.15:7471", "rxe0", "rdma_cm 10.0.3.15:7471"},
+	} {
+		l := &fakeListener{addr: netip.MustParseAddrPort(c.bound), reach: reach}
+		fake := func(string, gate.Policy, gate.Resolver, *slog.Logger) (rdmaListener, error) { return l, nil }
+		r, err := bindRemoteWith(config.Remote{Listen: c.bound}, config.BackendRDMA, nil, slog.New(slog.DiscardHandler), fake)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := r.Published(c.primary)
+		if w.Listen != c.want || len(w.Devices) != 2 || w.Devices["rxe1"] != "rdma_cm 10.0.3.15:7471" || w.Devices["rxe0"] != "rdma_cm 10.0.2.15:7471" {
+			t.Errorf("bound to %s, first device %s: published %+v; want listen %q and each device's address", c.bound, c.primary, w, c.want)
+		}
+	}
+	var off *remoteAccess
+	if w := off.Published("rxe0"); w.Listen != "" || w.Devices != nil {
+		t.Errorf("remote access off: published %+v", w)
+	}
+}
 
 // user.mrfs.remote shows the address the rdma_cm listener is bound to:
 // with port 0, the port it got, not the configured 0.

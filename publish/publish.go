@@ -53,9 +53,8 @@ type Options struct {
 	// the mount point without its leading slash): two mounts of a host
 	// keep apart.
 	Mount string
-	// Listen is where peers connect: user.mrfs.remote's transport and
-	// address ("rdma_cm 10.0.0.5:7471"); "" while remote access is off.
-	Listen func() string
+	// Listen is where peers connect, asked at each pass.
+	Listen func() Where
 	Tree   *tree.Tree
 	// Describe is a buffer's desc and its state, ok false when it is not
 	// registered (desc.Buffer).
@@ -284,13 +283,13 @@ func (p *Publisher) pass(renew bool) {
 func (p *Publisher) apply(files map[*tree.File]struct{}, dirs map[*tree.Dir]struct{}, renew bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	listen := ""
+	var listen Where
 	if p.opt.Listen != nil {
 		listen = p.opt.Listen()
 	}
 	p.mu.Lock()
 	lease := p.lease
-	fresh := lease == 0 || listen != p.listen
+	fresh := lease == 0 || listen.key() != p.listen
 	p.mu.Unlock()
 	if lease != 0 && renew {
 		if _, err := p.client.KeepAliveOnce(ctx, lease); errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -314,7 +313,7 @@ func (p *Publisher) apply(files map[*tree.File]struct{}, dirs map[*tree.Dir]stru
 			return err
 		}
 		p.mu.Lock()
-		p.lease, p.listen = lease, listen
+		p.lease, p.listen = lease, listen.key()
 		p.pubs, p.owner = map[*tree.File]pub{}, map[string]*tree.File{}
 		p.mu.Unlock()
 		dirs = map[*tree.Dir]struct{}{p.opt.Tree.Root(): {}}
@@ -367,7 +366,7 @@ func (p *Publisher) commit(ctx context.Context, ops []clientv3.Op) error {
 // published and nothing otherwise, in as few transactions as the records
 // allow. A key both deleted and put (a file renamed over another takes
 // its key) is only put.
-func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, listen string, lease clientv3.LeaseID) error {
+func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, listen Where, lease clientv3.LeaseID) error {
 	type put struct {
 		f *tree.File
 		pub
@@ -421,8 +420,8 @@ func (p *Publisher) publish(ctx context.Context, files map[*tree.File]struct{}, 
 
 // want is what etcd should hold for f: its key and value when it is
 // registered with remote access and remote access is on.
-func (p *Publisher) want(f *tree.File, listen string) (pub, bool) {
-	if listen == "" {
+func (p *Publisher) want(f *tree.File, listen Where) (pub, bool) {
+	if listen.Listen == "" {
 		return pub{}, false
 	}
 	inMount, ok := f.Path()
@@ -434,11 +433,32 @@ func (p *Publisher) want(f *tree.File, listen string) (pub, bool) {
 		return pub{}, false
 	}
 	d.Host, d.Mount, d.Path = p.opt.Host, strings.Trim(p.opt.Mount, "/"), inMount
-	d.Listen, d.PDPath = listen, path.Dir(inMount)
+	d.Listen, d.PDPath = listen.Listen, path.Dir(inMount)
+	for i := range d.Devices {
+		d.Devices[i].Listen = listen.Devices[d.Devices[i].Device]
+	}
 	if d.Pool != nil {
 		d.Pool.Dir = d.PDPath
 	}
 	return pub{p.base + inMount, string(d.JSON())}, true
+}
+
+// Where is where peers connect.
+type Where struct {
+	// Listen is user.mrfs.remote's transport and an address a peer can
+	// reach ("rdma_cm 10.0.0.5:7471"); "" while remote access is off.
+	Listen string
+	// Devices is, with buffers on several devices, where a peer reaches
+	// each device ("rdma_cm 10.0.3.5:7471"), for desc's devices.
+	Devices map[string]string
+}
+
+// key is w as a comparable string (fmt prints maps sorted).
+func (w Where) key() string {
+	if len(w.Devices) == 0 {
+		return w.Listen
+	}
+	return w.Listen + " " + fmt.Sprint(w.Devices)
 }
 
 // Entry is one published buffer, as a peer finds it.

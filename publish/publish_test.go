@@ -158,11 +158,16 @@ func startPublished(t *testing.T, e *etcd, lease time.Duration, mount string, de
 	s.tr = tr
 	s.p, err = publish.Start(publish.Options{
 		Endpoints: []string{e.url}, Prefix: "/t", Lease: lease, Host: "h", Mount: mount,
-		Listen: func() string { return "tcp 127.0.0.1:7471" }, Tree: tr, Log: slog.New(slog.DiscardHandler), Delay: delay,
+		Listen: func() publish.Where {
+			return publish.Where{Listen: "tcp 127.0.0.1:7471", Devices: map[string]string{"d1": "tcp 10.0.3.15:7471"}}
+		},
+		Tree: tr, Log: slog.New(slog.DiscardHandler), Delay: delay,
 		Describe: func(b *buffer.Buffer) (desc.Desc, buffer.Info, bool) {
 			s.describes.Add(1)
 			in := b.Info()
-			return desc.Desc{RKey: desc.Key(in.RKey), Addr: desc.Hex(in.Addr), Generation: in.Generation}, in, in.State == buffer.Registered
+			// As if on two devices, d1 reached at an address of its own.
+			devs := []desc.DeviceRegions{{Device: "d0"}, {Device: "d1"}}
+			return desc.Desc{RKey: desc.Key(in.RKey), Addr: desc.Hex(in.Addr), Generation: in.Generation, Devices: devs}, in, in.State == buffer.Registered
 		},
 	})
 	if err != nil {
@@ -320,7 +325,11 @@ func TestRenameOverTakesTheKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitKeys(t, s.prefix, 2, 5*time.Second)
+	keys := e.waitKeys(t, s.prefix, 2, 5*time.Second)
+	// Each device's address goes with its keys.
+	if d, err := desc.Parse([]byte(keys[s.prefix+"a"])); err != nil || len(d.Devices) != 2 || d.Devices[1].Listen != "tcp 10.0.3.15:7471" || d.Devices[0].Listen != "" || d.Listen != "tcp 127.0.0.1:7471" {
+		t.Errorf("published a: %+v, %v; want d1's listen address with d1", d, err)
+	}
 	rkey := func(keys map[string]string, name string) string {
 		d, _ := desc.Parse([]byte(keys[s.prefix+name]))
 		return fmt.Sprint(uint32(d.RKey))
@@ -330,7 +339,7 @@ func TestRenameOverTakesTheKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	keys := e.keys(t, s.prefix)
+	keys = e.keys(t, s.prefix)
 	if len(keys) != 1 || rkey(keys, "b") != ka {
 		t.Errorf("after a renamed over b: %v; want b alone, with a's rkey %s (b's was %s)", keys, ka, kb)
 	}

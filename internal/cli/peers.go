@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"mrfs/desc"
 	"mrfs/internal/config"
 	"mrfs/publish"
 )
@@ -82,7 +83,8 @@ type published struct {
 }
 
 // lookupName finds name in etcd; with gen, it must be that generation.
-func lookupName(op string, pf publishFlags, name, gen string) (*published, error) {
+// With device, the peer is where that device of the mount is reached.
+func lookupName(op string, pf publishFlags, name, gen, device string) (*published, error) {
 	c, err := pf.dial("remote " + op)
 	if err != nil {
 		return nil, err
@@ -98,12 +100,38 @@ func lookupName(op string, pf publishFlags, name, gen string) (*published, error
 		c.Close()
 		return nil, fmt.Errorf("remote %s: %s is at generation %d now, not %s: it was registered anew (new keys) since", op, name, e.Desc.Generation, gen)
 	}
-	transport, peer, ok := strings.Cut(e.Desc.Listen, " ")
+	listen, err := listenOf(e.Desc, device)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("remote %s: %s: %w", op, name, err)
+	}
+	transport, peer, ok := strings.Cut(listen, " ")
 	if !ok {
 		c.Close()
 		return nil, fmt.Errorf("remote %s: %s: published without a listener (%q)", op, name, e.Desc.Listen)
 	}
 	return &published{c: c, e: e, name: name, transport: transport, peer: peer}, nil
+}
+
+// listenOf is where a peer connects to reach the buffer d describes:
+// its listen address, or that of the named device.
+func listenOf(d desc.Desc, device string) (string, error) {
+	if device == "" {
+		return d.Listen, nil
+	}
+	var names []string
+	for _, dr := range d.Devices {
+		if dr.Device == device && dr.Listen != "" {
+			return dr.Listen, nil
+		}
+		if dr.Listen != "" {
+			names = append(names, dr.Device)
+		}
+	}
+	if len(names) == 0 {
+		return "", fmt.Errorf("no device's address is published (--device %s); leave --device out", device)
+	}
+	return "", fmt.Errorf("no address of device %s is published; these devices have one: %s", device, strings.Join(names, ", "))
 }
 
 // lookupPauseEnv is a test hook: a duration `mrfs remote --name` waits

@@ -109,10 +109,10 @@ type remoteCmd struct {
 	f   *flag.FlagSet
 	set map[string]bool // the flags given
 
-	peer, pd, tokenFile, name, gen, addrS, rkeyS, descS, offsetS *string
-	lengthS, compareS, swapS, addS, transportS                   *string
-	timeout                                                      *time.Duration
-	pf                                                           publishFlags
+	peer, pd, tokenFile, name, gen, device, addrS, rkeyS, descS, offsetS *string
+	lengthS, compareS, swapS, addS, transportS                           *string
+	timeout                                                              *time.Duration
+	pf                                                                   publishFlags
 
 	tok        remote.Token
 	named      *published      // the buffer found by --name, or nil
@@ -132,6 +132,7 @@ func newRemoteCmd(op string) *remoteCmd {
 		tokenFile:  f.String("token-file", "", "read the PD's token (user.mrfs.token of the directory, 32 hex digits) from `FILE`; default: the "+tokenEnv+" environment variable"),
 		name:       f.String("name", "", "HOST/MOUNT/PATH: the buffer as published to etcd ([publish]), which gives --peer, --pd, --transport and its regions (--desc); the token must come from --token-file or "+tokenEnv),
 		gen:        f.String("generation", "", "with --name: refuse unless the buffer's registration is still this generation (as mrfs peers showed it)"),
+		device:     f.String("device", "", "with --name, on a mount of several devices: connect through this device's published address (by default the first device's); the keys are always those of the device the connection comes through"),
 		pf:         addPublishFlags(f),
 		addrS:      f.String("addr", "", "remote address (user.mrfs.addr)"),
 		rkeyS:      f.String("rkey", "", "remote key (user.mrfs.rkey)"),
@@ -183,12 +184,12 @@ func (r *remoteCmd) resolvePeer() error {
 		if !fromUser {
 			return usageError("remote %s: --name needs the PD's token from --token-file or %s (the owner hands it over; it is never published)", op, tokenEnv)
 		}
-		if r.named, err = lookupName(op, r.pf, *r.name, *r.gen); err != nil {
+		if r.named, err = lookupName(op, r.pf, *r.name, *r.gen, *r.device); err != nil {
 			return err
 		}
 		*r.peer, *r.pd, *r.transportS, *r.descS = r.named.peer, r.named.e.Desc.PDPath, r.named.transport, string(r.named.e.Value)
-	} else if *r.gen != "" {
-		return usageError("remote %s: --generation needs --name", op)
+	} else if *r.gen != "" || *r.device != "" {
+		return usageError("remote %s: --generation and --device need --name", op)
 	}
 	if *r.pd == "" {
 		return usageError("remote %s: --pd is required (a directory of the peer's mount, / for its root)", op)

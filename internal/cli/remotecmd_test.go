@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"mrfs/desc"
 	"mrfs/remote"
 	"mrfs/verbs"
 )
@@ -350,5 +351,29 @@ func TestRemoteTokenSources(t *testing.T) {
 	}
 	if len(f.dials) != 2 {
 		t.Errorf("dials %q, want the two with the right token", f.dials)
+	}
+}
+
+// --device picks the address published for that device of the mount.
+func TestListenOfDevice(t *testing.T) {
+	d := desc.Desc{Listen: "rdma_cm 10.0.2.15:7471", Devices: []desc.DeviceRegions{
+		{Device: "rxe0", Listen: "rdma_cm 10.0.2.15:7471"},
+		{Device: "rxe1", Listen: "rdma_cm 10.0.3.15:7471"},
+		{Device: "rxe2"},
+	}}
+	for device, want := range map[string]string{"": "rdma_cm 10.0.2.15:7471", "rxe1": "rdma_cm 10.0.3.15:7471"} {
+		if got, err := listenOf(d, device); err != nil || got != want {
+			t.Errorf("listenOf(%q) = %q, %v; want %q", device, got, err, want)
+		}
+	}
+	if _, err := listenOf(d, "rxe2"); err == nil || !strings.Contains(err.Error(), "no address of device rxe2 is published; these devices have one: rxe0, rxe1") {
+		t.Errorf("listenOf(rxe2): %v", err)
+	}
+	if _, err := listenOf(desc.Desc{Listen: "tcp 10.0.2.15:7471"}, "soft1"); err == nil || !strings.Contains(err.Error(), "leave --device out") {
+		t.Errorf("listenOf a one-device desc: %v", err)
+	}
+	code, _, errs := runCLI("remote", "read", "--peer", "p:1", "--pd", "/", "--addr", "0x1000", "--rkey", "1", "--length", "1", "--device", "rxe1")
+	if code != exitUsage || !strings.Contains(errs, "--device need --name") {
+		t.Errorf("--device without --name: exit %d, %q", code, errs)
 	}
 }

@@ -31,6 +31,7 @@ type Listener struct {
 	ch      *ibv.EventChannel
 	id      ibv.CMID // the listening id
 	addr    netip.AddrPort
+	device  string // the bound address's device; "" for the unspecified address
 	resolve gate.Resolver
 	gate    *gate.Gate
 	log     *slog.Logger
@@ -79,7 +80,7 @@ func Listen(addr string, p gate.Policy, resolve gate.Resolver, log *slog.Logger)
 		return fail(err)
 	}
 	l := &Listener{
-		ch: ch, id: id, addr: netip.AddrPortFrom(ap.Addr(), id.Port()),
+		ch: ch, id: id, addr: netip.AddrPortFrom(ap.Addr(), id.Port()), device: id.DeviceName(),
 		resolve: resolve, gate: gate.NewGate(p, log), log: log,
 		done: make(chan struct{}), conns: map[ibv.CMID]*conn{},
 	}
@@ -88,7 +89,7 @@ func Listen(addr string, p gate.Policy, resolve gate.Resolver, log *slog.Logger)
 		return fail(fmt.Errorf("pipe: %w", err))
 	}
 	go l.loop()
-	l.log.Info("rdma_cm listening", "addr", l.addr.String(), "device", id.DeviceName())
+	l.log.Info("rdma_cm listening", "addr", l.addr.String(), "device", l.device)
 	return l, nil
 }
 
@@ -119,6 +120,15 @@ func parseAddrPort(s string) (netip.AddrPort, error) {
 // Addr is the address the listener is bound to, with the port chosen
 // when the configured one was 0.
 func (l *Listener) Addr() netip.AddrPort { return l.addr }
+
+// Reach is where peers reach each device the listener serves, by
+// device name: its bound address, or bound to the unspecified address,
+// each RDMA device's own (read now: addresses change).
+func (l *Listener) Reach() map[string]netip.AddrPort {
+	return reach(l.addr, l.device, func() map[string]netip.Addr {
+		return deviceAddrs(sysInfiniband, netdevAddrs)
+	})
+}
 
 // Conns is the number of connections.
 func (l *Listener) Conns() int {

@@ -100,8 +100,10 @@ func TestTwoDevices(t *testing.T) {
 	addRxe1(t)
 	devs := []string{device, device2}
 	mrsBefore, pdsBefore := idsOn(t, "mr", devs...), idsOn(t, "pd", devs...)
+	etcdURL := startEtcd(t)
 	d := mountVerbs(t, `devices = ["rxe0", "rxe1"]`, zeroCopy(),
-		"[remote]\nlisten = \"0.0.0.0:0\"\nallow_from = [\"10.0.2.0/24\", \"10.0.3.0/24\"]\n")
+		"[remote]\nlisten = \"0.0.0.0:0\"\nallow_from = [\"10.0.2.0/24\", \"10.0.3.0/24\"]\n\n"+
+			"[publish]\nendpoints = [\""+etcdURL+"\"]\nname = \"m\"\n")
 	// The peers take the port from user.mrfs.remote ("rdma_cm
 	// 0.0.0.0:PORT /") and the address of the device to come through.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -196,6 +198,36 @@ func TestTwoDevices(t *testing.T) {
 		t.Errorf("the daemon's log names no connection through %s", device2)
 	}
 
+	// Published: each device's own address goes with its keys, and the
+	// first device's is the entry's (not 0.0.0.0). By name, through
+	// each device, with that device's keys.
+	host, _ := os.Hostname()
+	name := host + "/m/" + filepath.Base(f)
+	byName := `echo "$MSG" | MRFS_TOKEN="$(tok /)" "$MRFS" remote write --name "$NAME" --endpoints "$ETCD" --offset "$OFF" --length ${#MSG} ${DEV:+--device "$DEV"}`
+	for i, dev := range []string{"", device2} {
+		via := map[string]string{"": device, device2: device2}[dev]
+		before := accepted(d, via)
+		msg := fmt.Sprintf("by name through %q", dev)
+		off := 8192 + i*4096
+		var code int
+		var out string
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			code, out = cliPeer(t, rd, byName, "NAME", name, "ETCD", etcdURL, "OFF", strconv.Itoa(off), "MSG", msg, "DEV", dev)
+			if code == 0 || !strings.Contains(out, "no buffer is published") || time.Now().After(deadline) {
+				break
+			}
+		}
+		if code != 0 {
+			t.Fatalf("mrfs remote write --name %s --device %q: exit %d: %s", name, dev, code, out)
+		}
+		if got := seen(off, len(msg)); !bytes.Equal(got, []byte(msg)) {
+			t.Errorf("after a WRITE by name through %q the client sees %q, want %q", dev, got, msg)
+		}
+		if n := accepted(d, via); n != before+1 {
+			t.Errorf("--device %q: %d connections accepted through %s, want 1", dev, n-before, via)
+		}
+	}
+
 	// The other device's rkey, through each device: the NIC refuses it.
 	addr := getxattr(t, f, "user.mrfs.addr")
 	cross := `PEER=$IP:${PEER##*:}; echo x | MRFS_TOKEN="$(tok /)" "$MRFS" remote write --peer "$PEER" --pd / --addr "$ADDR" --rkey "$RKEY"`
@@ -231,6 +263,45 @@ func TestTwoDevices(t *testing.T) {
 			if !before[id] {
 				t.Errorf("after the teardown %s %s remains", kind, id)
 			}
+		}
+	}
+}
+
+// accepted counts the daemon's rdma_cm connections accepted through dev.
+func accepted(d *daemon, dev string) int {
+	n := 0
+	for _, line := range strings.Split(d.log.String(), "\n") {
+		if strings.Contains(line, "rdma_cm connection accepted") && strings.Contains(line, "device="+dev+" ") {
+			n++
+		}
+	}
+	return n
+}
+
+// startEtcd runs Debian's etcd on loopback for the test and returns its
+// client URL.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Fatalf("no etcd (Debian's etcd-server; bash scripts/test installs it on the host): %v", err)
+	}
+	const client, peer = "http://127.0.0.1:23791", "http://127.0.0.1:23801"
+	var out syncBuffer
+	cmd := exec.Command(bin, "--name", "g", "--data-dir", t.TempDir(),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "g="+peer)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if exec.Command(mrfsBin(), "peers", "--endpoints", client).Run() == nil {
+			return client
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd did not answer within 60 s:\n%s", out.String())
 		}
 	}
 }
