@@ -2,6 +2,7 @@ package multi_test
 
 import (
 	"errors"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -139,4 +140,148 @@ func TestRefusalUndoneOnAll(t *testing.T) {
 	}
 	r.Dereg()
 	fpd.Dealloc()
+}
+
+// A device that leaves takes its parts and leaves the others' keys as
+// they were; one that joins gets a part of every PD and region, in its
+// place; the primary's keys follow the first device present.
+func TestDetachAttach(t *testing.T) {
+	p := soft.New(soft.Options{Devices: 2})
+	d, err := multi.OpenJoined(p, []string{"soft0", "soft1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := pd.(verbs.MultiPD)
+	addr, _ := verbstest.Map(t, 2*4096)
+	mr, err := pd.RegMR(addr, 4096, verbs.LocalWrite|verbs.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := func(r verbs.MR) []verbs.DeviceKeys { return r.(verbs.MultiMR).Keys() }
+	read := func(part verbs.PD, rkey uint32) verbs.WCStatus {
+		var b [8]byte
+		return part.(verbs.ResponderPD).Responder().Read(b[:], mr.IOVA(), rkey)
+	}
+	k := keys(mr)
+	old1 := mp.On("soft1")
+
+	if err := d.Detach("soft1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(mr); len(got) != 1 || got[0] != k[0] {
+		t.Errorf("after soft1 left: Keys() = %+v, want soft0's %+v alone", got, k[0])
+	}
+	if mp.On("soft1") != nil || !slices.Equal(d.Names(), []string{"soft0"}) {
+		t.Errorf("after soft1 left: On(soft1) = %v, Names() = %v", mp.On("soft1"), d.Names())
+	}
+	if st := read(old1, k[1].RKey); st != verbs.WCRemAccessErr {
+		t.Errorf("soft1's old region after it left: READ %v, want IBV_WC_REM_ACCESS_ERR (freed with the device)", st)
+	}
+	if st := read(mp.On("soft0"), k[0].RKey); st != verbs.WCSuccess {
+		t.Errorf("soft0's region after soft1 left: READ %v", st)
+	}
+	mr2, err := pd.RegMR(addr+4096, 4096, verbs.LocalWrite)
+	if err != nil || len(keys(mr2)) != 1 {
+		t.Fatalf("a region made while soft1 is gone: %v, keys %+v", err, keys(mr2))
+	}
+
+	dev1, err := p.Open("soft1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Attach(dev1); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []verbs.MR{mr, mr2} {
+		got := keys(r)
+		if len(got) != 2 || got[0].Device != "soft0" || got[1].Device != "soft1" {
+			t.Errorf("after soft1 came back: Keys() = %+v, want soft0's then soft1's", got)
+		}
+	}
+	if got := keys(mr); got[0] != k[0] {
+		t.Errorf("soft0's keys changed when soft1 came back: %+v, were %+v", got[0], k[0])
+	}
+	if st := read(mp.On("soft1"), keys(mr)[1].RKey); st != verbs.WCSuccess {
+		t.Errorf("soft1's new key on soft1: READ %v", st)
+	}
+	verbstest.WantErrno(t, d.Attach(mustOpen(t, p, "soft1")), syscall.EEXIST)
+
+	// The primary leaves: the region's keys and the name are soft1's.
+	handle := pd.Handle()
+	if err := d.Detach("soft0"); err != nil {
+		t.Fatal(err)
+	}
+	if d.Name() != "soft1" || mr.RKey() != keys(mr)[0].RKey || keys(mr)[0].Device != "soft1" || pd.Handle() != handle {
+		t.Errorf("after soft0 left: Name %s, RKey 0x%x, Keys %+v, Handle %d (was %d)", d.Name(), mr.RKey(), keys(mr), pd.Handle(), handle)
+	}
+	verbstest.WantErrno(t, d.Detach("soft1"), syscall.EBUSY)
+	verbstest.WantErrno(t, d.Detach("soft0"), syscall.ENODEV)
+	// soft0 comes back first in order.
+	if err := d.Attach(mustOpen(t, p, "soft0")); err != nil {
+		t.Fatal(err)
+	}
+	if d.Name() != "soft0" || keys(mr)[0].Device != "soft0" || mr.RKey() != keys(mr)[0].RKey {
+		t.Errorf("after soft0 came back: Name %s, Keys %+v, RKey 0x%x", d.Name(), keys(mr), mr.RKey())
+	}
+	for _, r := range []verbs.MR{mr, mr2} {
+		if err := r.Dereg(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pd.Dealloc(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A device that cannot hold every region does not join, and keeps
+// nothing: the others are as they were.
+func TestAttachRefusedLeavesNothing(t *testing.T) {
+	small := soft.New(soft.Options{DeviceName: "soft1", MaxMR: 1})
+	d, err := multi.OpenJoined(soft.New(soft.Options{}), []string{"soft0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := verbstest.Map(t, 2*4096)
+	for i := range 2 {
+		if _, err := pd.RegMR(addr+uintptr(i)*4096, 4096, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = d.Attach(mustOpen(t, small, "soft1"))
+	var de *verbs.DeviceError
+	if !errors.As(err, &de) || de.Device != "soft1" {
+		t.Fatalf("Attach of a device with max_mr 1 for 2 regions: %v, want a refusal naming soft1", err)
+	}
+	if !slices.Equal(d.Names(), []string{"soft0"}) {
+		t.Errorf("after the refused attach: Names() = %v", d.Names())
+	}
+	// soft1 kept nothing: its one region is free again.
+	again := mustOpen(t, small, "soft1")
+	defer again.Close()
+	spd, err := again.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := spd.RegMR(addr, 4096, 0); err != nil {
+		t.Errorf("soft1 after the refused attach: %v (a region was left on it)", err)
+	}
+}
+
+func mustOpen(t *testing.T, p verbs.Provider, name string) verbs.Device {
+	t.Helper()
+	dev, err := p.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev
 }
