@@ -32,6 +32,9 @@ type Options struct {
 	// at every read of user.mrfs.remote, since the transport may start
 	// after the mount. nil: off.
 	Remote func() string
+	// Gone is the mount's devices that left and have not come back
+	// (verbs/multi), for user.mrfs.state and stats. nil: none.
+	Gone func() []string
 }
 
 // filesystem is what every node shares.

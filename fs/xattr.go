@@ -90,7 +90,7 @@ func (n *bufferNode) fileXattr(name string) ([]byte, syscall.Errno) {
 	case xattrPD:
 		v = strconv.FormatUint(uint64(info.PD), 10)
 	case xattrState:
-		v = desc.State(info)
+		v = desc.State(info) + n.fsys.goneNote()
 	case xattrZeroCopy:
 		v = boolString(n.fsys.ZeroCopy)
 	case xattrDesc:
@@ -303,6 +303,36 @@ func removexattrErrno(attr string) syscall.Errno {
 
 const xattrCreate = 1 // XATTR_CREATE
 
+// devices is the names of the devices present (several joined, or one).
+func (fsys *filesystem) devices() []string {
+	dev := fsys.mgr.Device()
+	if m, ok := dev.(interface{ Names() []string }); ok {
+		return m.Names()
+	}
+	return []string{dev.Name()}
+}
+
+// gone is the mount's devices that left.
+func (fsys *filesystem) gone() []string {
+	if fsys.Gone == nil {
+		return nil
+	}
+	return fsys.Gone()
+}
+
+// goneNote is what a file's state adds while devices are gone: its keys
+// there are withdrawn.
+func (fsys *filesystem) goneNote() string {
+	g := fsys.gone()
+	switch len(g) {
+	case 0:
+		return ""
+	case 1:
+		return "; device " + g[0] + " gone"
+	}
+	return "; devices " + strings.Join(g, ", ") + " gone"
+}
+
 // stats is user.mrfs.stats on the root.
 type stats struct {
 	Backend         string `json:"backend"`
@@ -337,6 +367,11 @@ type stats struct {
 	PID int `json:"pid"`
 	// Pools are the mount's pools by PD number (DESIGN "Pools").
 	Pools map[string]statsPool `json:"pools,omitempty"`
+	// Devices are the devices every buffer is registered on, the first
+	// one's keys being lkey and rkey; DevicesGone the mount's devices
+	// that left and have not come back (DESIGN "Several devices").
+	Devices     []string `json:"devices"`
+	DevicesGone []string `json:"devices_gone,omitempty"`
 }
 
 // statsPool is one pool: its slots, chunks and the chunks' keys.
@@ -392,6 +427,8 @@ func (fsys *filesystem) statsJSON() []byte {
 	}
 	b, err := json.Marshal(stats{
 		Pools:             pools,
+		Devices:           fsys.devices(),
+		DevicesGone:       fsys.gone(),
 		Backend:           fsys.Backend,
 		Device:            fsys.mgr.Device().Name(),
 		ZeroCopy:          fsys.ZeroCopy,

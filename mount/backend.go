@@ -15,7 +15,8 @@ import (
 // in and sees a device, else soft; the log says which and why.
 func ChooseProvider(cfg config.Verbs, log *slog.Logger) (verbs.Provider, error) {
 	softProvider := func() verbs.Provider {
-		return soft.New(soft.Options{Devices: cfg.SoftDevices, MaxMR: cfg.SoftMaxMR, MaxMRSize: uint64(cfg.SoftMaxMRSize), MaxPD: cfg.SoftMaxPD})
+		return soft.New(soft.Options{Devices: cfg.SoftDevices, MaxMR: cfg.SoftMaxMR, MaxMRSize: uint64(cfg.SoftMaxMRSize), MaxPD: cfg.SoftMaxPD,
+			Present: softPresent(log)})
 	}
 	switch cfg.Backend {
 	case config.BackendSoft:
@@ -66,7 +67,14 @@ func openDevices(p verbs.Provider, cfg config.Verbs, log *slog.Logger) (verbs.De
 	if names == nil {
 		names = []string{cfg.Device}
 	}
-	dev, err := multi.Open(p, names)
+	var dev verbs.Device
+	var err error
+	if len(names) > 1 || cfg.AllDevices {
+		// Joined even when "all" is one device, so that others may join.
+		dev, err = multi.OpenJoined(p, names)
+	} else {
+		dev, err = multi.Open(p, names)
+	}
 	if err != nil {
 		if len(names) == 1 && names[0] == "" {
 			return nil, fmt.Errorf("open the first device of backend %s: %w", p.Name(), err)

@@ -3,7 +3,9 @@ package mount
 import (
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"mrfs/buffer"
@@ -41,6 +43,24 @@ func testMapReserve(log *slog.Logger) int {
 	}
 	log.Warn("test hook: the daemon keeps this many mappings below vm.max_map_count", "hook", mapReserveEnv, "reserve", n)
 	return n
+}
+
+// softGoneEnv is a test hook: a file whose lines name soft devices that
+// are gone (read at each look), so that tests make NICs leave and come
+// back. Logged at warn.
+const softGoneEnv = "MRFS_TEST_SOFT_GONE"
+
+// softPresent is soft.Options.Present for softGoneEnv, nil without it.
+func softPresent(log *slog.Logger) func(string) bool {
+	file := os.Getenv(softGoneEnv)
+	if file == "" {
+		return nil
+	}
+	log.Warn("test hook: soft devices named in this file are gone", "hook", softGoneEnv, "file", file)
+	return func(name string) bool {
+		b, _ := os.ReadFile(file)
+		return !slices.Contains(strings.Fields(string(b)), name)
+	}
 }
 
 // gcHeadroomEnv is a test hook: the GC headroom in bytes, small enough

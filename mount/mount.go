@@ -50,6 +50,7 @@ type parts struct {
 	pub    *publishing
 	mgr    *buffer.Manager
 	tree   *tree.Tree
+	watch  *deviceWatch
 	srv    *fs.Server
 }
 
@@ -141,6 +142,8 @@ func start(opt Options) (_ *parts, err error) {
 	if err != nil {
 		return nil, err
 	}
+	root := p.tree.Root()
+	p.watch = watchDevices(p.prov, p.dev, cfg.Verbs, p.remote, func() { p.pub.changed(root) }, log)
 	// Peers may name the tree's directories from now on: by the time the
 	// mount is visible, a peer never finds mrfs still mounting.
 	p.remote.Serve(p.tree.Domain)
@@ -150,6 +153,7 @@ func start(opt Options) (_ *parts, err error) {
 		ZeroCopy: cfg.Mount.ZeroCopy,
 		Log:      log,
 		Remote:   p.remote.Where,
+		Gone:     p.watch.Gone,
 	}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)})
 	if errors.Is(err, fs.ErrNoPassthrough) {
 		return nil, fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
@@ -180,6 +184,7 @@ func managerOptions(c config.Config, budget uint64, st store.Store, ev buffer.Ev
 
 // close closes what start made, when it failed.
 func (p *parts) close() {
+	p.watch.Close()
 	if p.remote != nil {
 		p.remote.Close()
 	}
@@ -201,6 +206,7 @@ func (p *parts) close() {
 // every region deregistered and every PD deallocated, the device
 // closed, then the unmount.
 func (p *parts) teardown(opt Options, unmounted <-chan struct{}, errs []error) error {
+	p.watch.Close() // no device leaves or joins from here on
 	if err := p.pub.close(); err != nil {
 		errs = append(errs, fmt.Errorf("publish: %w", err))
 	}

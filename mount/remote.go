@@ -19,6 +19,7 @@ type rdmaListener interface {
 	io.Closer
 	Addr() netip.AddrPort
 	Reach() map[string]netip.AddrPort
+	CloseDevice(name string) int
 }
 
 // listenFunc binds the rdma_cm listener: listenRDMA, or a fake in tests.
@@ -115,6 +116,15 @@ func (r *remoteAccess) Published(primary string) publish.Where {
 		w.Listen = "rdma_cm " + ap.String()
 	}
 	return w
+}
+
+// CloseDevice closes the rdma_cm connections that came through the
+// named device, and returns how many.
+func (r *remoteAccess) CloseDevice(name string) int {
+	if r == nil || r.rdma == nil {
+		return 0
+	}
+	return r.rdma.CloseDevice(name)
 }
 
 // Serve lets peers in: resolve maps the directory a peer names to its

@@ -23,6 +23,7 @@ type fakeListener struct {
 func (l *fakeListener) Addr() netip.AddrPort             { return l.addr }
 func (l *fakeListener) Reach() map[string]netip.AddrPort { return l.reach }
 func (l *fakeListener) Close() error                     { l.closed = true; return nil }
+func (l *fakeListener) CloseDevice(string) int           { return 0 }
 
 // What etcd gets: each device's address, and for a listener on every
 // address the first device's, which a peer can reach (0.0.0.0 it cannot).

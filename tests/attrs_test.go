@@ -152,6 +152,8 @@ type mrfsStats struct {
 	Limits          statsLimits          `json:"limits"`
 	Users           map[string]statsUser `json:"users"`
 	PID             int                  `json:"pid"`
+	Devices         []string             `json:"devices"`
+	DevicesGone     []string             `json:"devices_gone"`
 }
 
 func readStats(t testing.TB, mnt string) mrfsStats {

@@ -22,6 +22,13 @@ type Provider interface {
 	Open(name string) (Device, error)
 }
 
+// Lister is a Provider that names the devices present without opening
+// them, cheaply enough to ask every second (a mount watching devices
+// come and go).
+type Lister interface {
+	Names() ([]string, error)
+}
+
 // DeviceInfo describes a device before it is opened.
 type DeviceInfo struct {
 	Name string

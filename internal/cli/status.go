@@ -47,7 +47,9 @@ type rootStats struct {
 		Buffers      int    `json:"buffers"`
 		ChargedBytes uint64 `json:"charged_bytes"`
 	} `json:"users"`
-	Pools map[string]statusPool `json:"pools"`
+	Pools       map[string]statusPool `json:"pools"`
+	Devices     []string              `json:"devices"`
+	DevicesGone []string              `json:"devices_gone"`
 }
 
 // statusPool is the part of a pool's entry in user.mrfs.stats status shows.
@@ -169,7 +171,14 @@ func printTotals(stdout io.Writer, st rootStats, unreadable []string) {
 	if st.ZeroCopy != nil && !*st.ZeroCopy {
 		zc = "off"
 	}
-	fmt.Fprintf(stdout, "\nbackend %s, device %s, zero copy %s\n", st.Backend, st.Device, zc)
+	dev := "device " + st.Device
+	if len(st.Devices) > 1 || len(st.DevicesGone) > 0 {
+		dev = "devices " + strings.Join(st.Devices, ", ")
+	}
+	if len(st.DevicesGone) > 0 {
+		dev += " (gone: " + strings.Join(st.DevicesGone, ", ") + ")"
+	}
+	fmt.Fprintf(stdout, "\nbackend %s, %s, zero copy %s\n", st.Backend, dev, zc)
 	if len(unreadable) > 0 {
 		fmt.Fprintf(stdout, "not readable by this user: %s\n", strings.Join(unreadable, ", "))
 	}

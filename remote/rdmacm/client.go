@@ -113,13 +113,9 @@ func Dial(peer, dir string, opt DialOptions) (*Conn, error) {
 	if _, err := c.expect(ibv.EventRouteResolved); err != nil {
 		return fail(err)
 	}
-	// The device the route goes through, opened by verbs/ibv on
-	// librdmacm's context, so the QP can live in a PD of it.
-	prov, err := ibv.New()
-	if err != nil {
-		return fail(err)
-	}
-	if c.dev, err = prov.Open(c.id.DeviceName()); err != nil {
+	// The device the route goes through, on the id's own context, so
+	// the QP can live in a PD of it.
+	if c.dev, err = ibv.OpenID(c.id); err != nil {
 		return fail(err)
 	}
 	if c.pd, err = c.dev.AllocPD(); err != nil {
@@ -307,10 +303,6 @@ func (c *Conn) Close() error {
 		errs = append(errs, c.qp.Destroy())
 		c.qp = nil
 	}
-	if c.id.Valid() {
-		errs = append(errs, c.id.Destroy())
-		c.id = ibv.CMID{}
-	}
 	errs = append(errs, c.freeBuf())
 	if c.pd != nil {
 		errs = append(errs, c.pd.Dealloc())
@@ -319,6 +311,11 @@ func (c *Conn) Close() error {
 	if c.dev != nil {
 		errs = append(errs, c.dev.Close())
 		c.dev = nil
+	}
+	// Last: the device lives on the id's context.
+	if c.id.Valid() {
+		errs = append(errs, c.id.Destroy())
+		c.id = ibv.CMID{}
 	}
 	if c.ch != nil {
 		c.ch.Close()

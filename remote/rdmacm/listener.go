@@ -130,6 +130,20 @@ func (l *Listener) Reach() map[string]netip.AddrPort {
 	})
 }
 
+// CloseDevice closes the connections that came through the named
+// device (it is gone: their queue pairs must go before its PDs do) and
+// returns how many.
+func (l *Listener) CloseDevice(name string) int {
+	n := 0
+	for _, c := range l.snapshot() {
+		if c.device == name {
+			c.closeFromOutside("device " + name + " is gone")
+			n++
+		}
+	}
+	return n
+}
+
 // Conns is the number of connections.
 func (l *Listener) Conns() int {
 	l.mu.Lock()
@@ -246,7 +260,7 @@ func (l *Listener) accept(ev ibv.Event) {
 		reject(syscall.EPROTO, err.Error())
 		return
 	}
-	c := &conn{l: l, id: id, dir: dir, peer: peer, release: func() {}, established: make(chan struct{})}
+	c := &conn{l: l, id: id, dir: dir, peer: peer, device: id.DeviceName(), release: func() {}, established: make(chan struct{})}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -299,7 +313,7 @@ func (l *Listener) accept(ev ibv.Event) {
 	c.detach = detach
 	// The peer's initiator depth, within what rxe and most NICs take.
 	resp := min(ev.ResponderResources, maxResponderResources)
-	vpd, device := dom.VerbsPD(), id.DeviceName()
+	vpd, device := dom.VerbsPD(), c.device
 	if mp, ok := vpd.(verbs.MultiPD); ok {
 		// Buffers on several devices: the QP is made in the PD's part on
 		// the device the request came through, whose keys then work.
@@ -363,12 +377,13 @@ func (l *Listener) Close() error {
 
 // conn is one accepted connection: its id and its QP in a directory's PD.
 type conn struct {
-	l     *Listener
-	id    ibv.CMID
-	dir   string
-	peer  netip.AddrPort
-	pd    uint32
-	qpNum uint32
+	l      *Listener
+	id     ibv.CMID
+	dir    string
+	peer   netip.AddrPort
+	device string // the device the request came through
+	pd     uint32
+	qpNum  uint32
 	// established is closed at the ESTABLISHED event (once).
 	established     chan struct{}
 	establishedOnce sync.Once

@@ -13,6 +13,7 @@ package ibv
 /*
 #cgo LDFLAGS: -libverbs -lrdmacm
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -227,6 +228,29 @@ static const char *mrfs_id_device(struct rdma_cm_id *id)
 	return ibv_get_device_name(id->verbs->device);
 }
 
+// mrfs_cm_keep keeps librdmacm's reference (rdma_get_devices) on
+// list[keep] alone and gives the others back, so that a device that goes
+// away is not held open by the list of another; the list becomes
+// {list[keep], NULL}, for rdma_free_devices later. It returns -1 (and
+// keeps every reference) when it cannot allocate.
+static int mrfs_cm_keep(struct ibv_context **list, int keep)
+{
+	int n = 0, j = 0;
+	while (list[n])
+		n++;
+	struct ibv_context **others = malloc(sizeof(*others) * n);
+	if (!others)
+		return -1;
+	for (int i = 0; i < n; i++)
+		if (i != keep)
+			others[j++] = list[i];
+	others[j] = NULL;
+	rdma_free_devices(others); // frees others too
+	list[0] = list[keep];
+	list[1] = NULL;
+	return 0;
+}
+
 static const char *mrfs_context_device(struct ibv_context *c)
 {
 	return ibv_get_device_name(c->device);
@@ -409,9 +433,10 @@ func (m cMR) dereg() syscall.Errno { return syscall.Errno(C.ibv_dereg_mr(m.p)) }
 // the queue pair and completion queue of one connection.
 
 // getCMContexts wraps rdma_get_devices: librdmacm's own open contexts,
-// the ones its cm ids use. They stay open while the list is held
-// (librdmacm counts references) and are never closed by the caller:
-// release only gives the reference back.
+// the ones its cm ids use. librdmacm counts references to them and
+// closes the context of a device that went away once no reference is
+// left; the caller never closes them: release gives the references back.
+// rdma_get_devices also syncs librdmacm's list with the devices present.
 func getCMContexts() (ctxs []cContext, release func(), err error) {
 	var n C.int
 	list, err := C.rdma_get_devices(&n)
@@ -422,6 +447,35 @@ func getCMContexts() (ctxs []cContext, release func(), err error) {
 		ctxs = append(ctxs, cContext{p})
 	}
 	return ctxs, func() { C.rdma_free_devices(list) }, nil
+}
+
+// getCMContext is librdmacm's context of the named device, with a
+// reference on it alone (release gives it back); ok is false when
+// librdmacm has none.
+func getCMContext(name string) (ctx cContext, release func(), ok bool) {
+	var n C.int
+	list, _ := C.rdma_get_devices(&n)
+	if list == nil {
+		return cContext{}, nil, false
+	}
+	all := unsafe.Slice(list, int(n))
+	for i, p := range all {
+		if (cContext{p}).deviceName() != name {
+			continue
+		}
+		// A reference on every device would hold open any of them that
+		// goes away (its removal waits for the context) as long as this
+		// one is open.
+		C.mrfs_cm_keep(list, C.int(i))
+		return cContext{p}, func() {
+			// Gone by now, the device's context closes here (its
+			// removal waits for that) if librdmacm's last sync saw it
+			// go, else at the next (Names).
+			C.rdma_free_devices(list)
+		}, true
+	}
+	C.rdma_free_devices(list)
+	return cContext{}, nil, false
 }
 
 // deviceName is the name of the device the context is open on.

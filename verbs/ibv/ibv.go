@@ -78,6 +78,29 @@ func (provider) Devices() ([]verbs.DeviceInfo, error) {
 	return infos, nil
 }
 
+// Names lists the devices present (ibv_get_device_list, which rescans
+// each time), opening none.
+//
+// It also lets librdmacm sync its own list (rdma_get_devices): it then
+// closes its context of a device that went away and that nothing holds,
+// which the device's removal waits for. Open, through rdma_get_devices,
+// has librdmacm open a context of every device, used or not.
+func (provider) Names() ([]string, error) {
+	devs, free, err := getDevices()
+	if err != nil {
+		return nil, fmt.Errorf("ibv_get_device_list: %w", err)
+	}
+	defer free()
+	names := make([]string, len(devs))
+	for i, d := range devs {
+		names[i] = d.name()
+	}
+	if _, release, err := getCMContexts(); err == nil {
+		release()
+	}
+	return names, nil
+}
+
 // Open opens a device by name; "" opens the first one.
 func (provider) Open(name string) (verbs.Device, error) {
 	devs, free, err := getDevices()
@@ -109,18 +132,9 @@ func (provider) Open(name string) (verbs.Device, error) {
 	// device (no rdma_ucm module) the device is opened on its own
 	// context and connections are refused (Listen, Dial: EXDEV).
 	d := &device{name: name}
-	if ctxs, release, err := getCMContexts(); err == nil {
-		for _, c := range ctxs {
-			if c.deviceName() == name {
-				d.ctx, d.release = c, release
-				break
-			}
-		}
-		if d.release == nil {
-			release()
-		}
-	}
-	if d.release == nil {
+	if ctx, release, ok := getCMContext(name); ok {
+		d.ctx, d.release = ctx, release
+	} else {
 		ctx, err := found.open()
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", name, err)
@@ -133,6 +147,25 @@ func (provider) Open(name string) (verbs.Device, error) {
 		return nil, fmt.Errorf("query_device %s: %w", name, err)
 	}
 	d.attr = deviceAttr(name, raw)
+	return d, nil
+}
+
+// OpenID is the device of a connection id whose route is resolved, on
+// the id's own context (librdmacm's, which the id holds: close the
+// device before destroying the id). Unlike Open it makes librdmacm open
+// no other device: a process that holds contexts of devices it does not
+// use keeps their removal (rdma link delete) waiting.
+func OpenID(id CMID) (verbs.Device, error) {
+	ctx := id.c.context()
+	if ctx.p == nil {
+		return nil, fmt.Errorf("open the device of an rdma_cm id: no route resolved: %w", syscall.ENODEV)
+	}
+	d := &device{name: ctx.deviceName(), ctx: ctx, release: func() {}}
+	raw, err := ctx.query()
+	if err != nil {
+		return nil, fmt.Errorf("query_device %s: %w", d.name, err)
+	}
+	d.attr = deviceAttr(d.name, raw)
 	return d, nil
 }
 
@@ -198,9 +231,11 @@ type device struct {
 	closed bool
 	// release gives back librdmacm's reference to ctx when ctx is
 	// librdmacm's (rdma_get_devices); nil when ctx is this device's own.
-	// librdmacm keeps its contexts open for the process's life, so Close
+	// librdmacm keeps the contexts of the devices present open, so Close
 	// cannot count on the kernel to free what is left in them: it frees
-	// the live PDs and regions itself, from live.
+	// the live PDs and regions itself, from live. (The context of a
+	// device that went away closes once nothing holds it: then the
+	// device's removal, which waits for it, completes.)
 	release func()
 
 	// guards: live. Taken with mu held (shared by the calls that add

@@ -3,6 +3,7 @@ package multi_test
 import (
 	"errors"
 	"slices"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -284,4 +285,68 @@ func mustOpen(t *testing.T, p verbs.Provider, name string) verbs.Device {
 		t.Fatal(err)
 	}
 	return dev
+}
+
+// Devices leave and join while regions are registered, read and
+// deregistered from several goroutines (run with -race): every region
+// made is on one or both devices, and at the end every live region is
+// on both, with soft0's keys unchanged throughout for the held one.
+func TestDetachAttachConcurrent(t *testing.T) {
+	p := soft.New(soft.Options{Devices: 2})
+	d, err := multi.OpenJoined(p, []string{"soft0", "soft1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := verbstest.Map(t, 8*4096)
+	held, err := pd.RegMR(addr, 4096, verbs.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k0 := held.(verbs.MultiMR).Keys()[0]
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := pd.RegMR(addr+uintptr(g+1)*4096, 4096, verbs.LocalWrite)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ks := r.(verbs.MultiMR).Keys(); len(ks) == 0 || len(ks) > 2 || ks[0].Device != "soft0" {
+					t.Errorf("a region's keys while soft1 comes and goes: %+v", ks)
+				}
+				if err := r.Dereg(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	for range 50 {
+		if err := d.Detach("soft1"); err != nil {
+			t.Fatal(err)
+		}
+		if ks := held.(verbs.MultiMR).Keys(); len(ks) != 1 || ks[0] != k0 {
+			t.Fatalf("the held region with soft1 gone: %+v, want soft0's %+v alone", ks, k0)
+		}
+		if err := d.Attach(mustOpen(t, p, "soft1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if ks := held.(verbs.MultiMR).Keys(); len(ks) != 2 || ks[0] != k0 || ks[1].Device != "soft1" {
+		t.Errorf("the held region at the end: %+v", ks)
+	}
 }

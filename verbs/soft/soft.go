@@ -45,6 +45,11 @@ type Options struct {
 	MaxMRSize uint64
 	// MaxPD caps the protection domains (EINVAL past it); 0: rxe's 1<<20.
 	MaxPD int
+	// Present says whether a device is there (nil: all are), as if NICs
+	// came and went: one that is not is neither listed nor opened
+	// (ENODEV), and contexts open on it work on, as on an rxe device
+	// whose deletion waits for them.
+	Present func(name string) bool
 }
 
 // Limits of rxe (rxe_param.h) that the model copies.
@@ -73,7 +78,7 @@ func New(opt Options) verbs.Provider {
 	if opt.MaxPD <= 0 {
 		opt.MaxPD = rxeMaxPD
 	}
-	p := &provider{}
+	p := &provider{present: opt.Present}
 	for i := range max(opt.Devices, 1) {
 		o := opt
 		if i > 0 {
@@ -85,15 +90,38 @@ func New(opt Options) verbs.Provider {
 }
 
 type provider struct {
-	devs []*device // immutable after New
+	devs    []*device // immutable after New
+	present func(name string) bool
 }
+
+var _ verbs.Lister = (*provider)(nil)
 
 func (p *provider) Name() string { return "soft" }
 
+// here is the devices present.
+func (p *provider) here() []*device {
+	var out []*device
+	for _, d := range p.devs {
+		if p.present == nil || p.present(d.name) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 func (p *provider) Devices() ([]verbs.DeviceInfo, error) {
-	out := make([]verbs.DeviceInfo, len(p.devs))
-	for i, d := range p.devs {
-		out[i] = verbs.DeviceInfo{Name: d.name, Attr: d.attr}
+	var out []verbs.DeviceInfo
+	for _, d := range p.here() {
+		out = append(out, verbs.DeviceInfo{Name: d.name, Attr: d.attr})
+	}
+	return out, nil
+}
+
+// Names is the names of the devices present.
+func (p *provider) Names() ([]string, error) {
+	var out []string
+	for _, d := range p.here() {
+		out = append(out, d.name)
 	}
 	return out, nil
 }
@@ -102,13 +130,14 @@ func (p *provider) Devices() ([]verbs.DeviceInfo, error) {
 // Contexts share the device's regions and PD numbering, as contexts of
 // one rxe device do.
 func (p *provider) Open(name string) (verbs.Device, error) {
-	for _, d := range p.devs {
+	here := p.here()
+	for _, d := range here {
 		if name == "" || name == d.name {
 			return &context{dev: d, pds: map[*pd]struct{}{}}, nil
 		}
 	}
-	names := make([]string, len(p.devs))
-	for i, d := range p.devs {
+	names := make([]string, len(here))
+	for i, d := range here {
 		names[i] = d.name
 	}
 	return nil, fmt.Errorf("open device %q: soft has only %s: %w", name, strings.Join(names, ", "), syscall.ENODEV)

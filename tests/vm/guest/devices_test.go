@@ -49,10 +49,31 @@ func addRxe1(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if _, err := os.Stat("/sys/class/infiniband/" + device2); err != nil {
+			return // the test deleted it
+		}
 		if err := run("rdma", "link", "delete", device2); err != nil {
 			t.Errorf("delete %s: %v", device2, err)
 		}
 	})
+}
+
+// twoDeviceMount mounts on rxe0 and rxe1 with an rdma_cm listener on
+// every address; its peer is rxe0's address and the port the listener
+// got (user.mrfs.remote: "rdma_cm 0.0.0.0:PORT /").
+func twoDeviceMount(t *testing.T, extra string) *remoteDaemon {
+	t.Helper()
+	d := mountVerbs(t, `devices = ["rxe0", "rxe1"]`, zeroCopy(),
+		"[remote]\nlisten = \"0.0.0.0:0\"\nallow_from = [\"10.0.2.0/24\", \"10.0.3.0/24\"]\n\n"+extra)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		where := strings.Fields(getxattr(t, d.dir, "user.mrfs.remote"))
+		if len(where) == 3 && where[0] == "rdma_cm" && strings.HasPrefix(where[1], "0.0.0.0:") {
+			return &remoteDaemon{daemon: d, peer: addr0 + ":" + strings.TrimPrefix(where[1], "0.0.0.0:")}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no rdma_cm listener 20 s after the mount: user.mrfs.remote %q\n%s", where, d.log)
+		}
+	}
 }
 
 // idsOn is ids on each named device.
@@ -101,21 +122,8 @@ func TestTwoDevices(t *testing.T) {
 	devs := []string{device, device2}
 	mrsBefore, pdsBefore := idsOn(t, "mr", devs...), idsOn(t, "pd", devs...)
 	etcdURL := startEtcd(t)
-	d := mountVerbs(t, `devices = ["rxe0", "rxe1"]`, zeroCopy(),
-		"[remote]\nlisten = \"0.0.0.0:0\"\nallow_from = [\"10.0.2.0/24\", \"10.0.3.0/24\"]\n\n"+
-			"[publish]\nendpoints = [\""+etcdURL+"\"]\nname = \"m\"\n")
-	// The peers take the port from user.mrfs.remote ("rdma_cm
-	// 0.0.0.0:PORT /") and the address of the device to come through.
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		where := strings.Fields(getxattr(t, d.dir, "user.mrfs.remote"))
-		if len(where) == 3 && where[0] == "rdma_cm" && strings.HasPrefix(where[1], "0.0.0.0:") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no rdma_cm listener 20 s after the mount: user.mrfs.remote %q\n%s", where, d.log)
-		}
-	}
-	rd := &remoteDaemon{daemon: d}
+	rd := twoDeviceMount(t, "[publish]\nendpoints = [\""+etcdURL+"\"]\nname = \"m\"\n")
+	d := rd.daemon
 
 	// A buffer whose rkeys differ on the two devices (rxe draws a key's
 	// low byte at random: 1 in 256 buffers has the same rkey on both).
@@ -304,4 +312,139 @@ func startEtcd(t *testing.T) string {
 			t.Fatalf("etcd did not answer within 60 s:\n%s", out.String())
 		}
 	}
+}
+
+// TestDeviceLeavesAndReturns: `rdma link delete rxe1` while a peer
+// works through rxe0. The deletion completes (it waits for every context
+// of rxe1, so the daemon must let go of it: its regions, PDs and
+// librdmacm's context), the peer's connection through rxe0 goes on
+// working with the same keys, user.mrfs.keys and state, `mrfs status`
+// and the log say rxe1 is gone. After `rdma link add rxe1`, every buffer
+// is registered on the new rxe1 within seconds with new keys, which a
+// peer through it uses; rxe0's keys never change; nothing is left
+// after rm and the teardown.
+func TestDeviceLeavesAndReturns(t *testing.T) {
+	requireGuest(t)
+	addRxe1(t)
+	devs := []string{device, device2}
+	mrsBefore, pdsBefore := idsOn(t, "mr", devs...), idsOn(t, "pd", devs...)
+	rd := twoDeviceMount(t, "")
+	d := rd.daemon
+	f := filepath.Join(d.dir, "rx")
+	createSized(t, f, 64<<10)
+	if err := unix.Setxattr(f, "user.mrfs.access", []byte(allAccess), 0); err != nil {
+		t.Fatal(err)
+	}
+	keys := deviceKeys(t, f)
+	addr := getxattr(t, f, "user.mrfs.addr")
+	p0 := startServingPeer(t, rd, "/")
+	op := func(format string, a ...any) string {
+		t.Helper()
+		fmt.Fprintf(p0.in, format+"\n", a...)
+		return p0.line(t)
+	}
+	rkey0 := fmt.Sprintf("%#x", keys[device][1])
+	if got := op("write %s %s %x", addr, rkey0, "before"); got != "ok" {
+		t.Fatalf("the peer through rxe0 before rxe1 goes: %q", got)
+	}
+
+	start := time.Now()
+	del := exec.Command("rdma", "link", "delete", device2)
+	done := make(chan error, 1)
+	var out []byte
+	go func() {
+		var err error
+		out, err = del.CombinedOutput()
+		done <- err
+	}()
+	// While the deletion waits for the daemon, the peer through rxe0
+	// works.
+	if got := op("write %s %s %x", addr, rkey0, "during"); got != "ok" {
+		t.Errorf("the peer through rxe0 while rxe1 goes: %q", got)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("rdma link delete %s: %v: %s", device2, err, out)
+		}
+	case <-time.After(60 * time.Second):
+		del.Process.Kill()
+		t.Fatalf("rdma link delete %s did not complete in 60 s: the daemon holds it\n%s", device2, d.log)
+	}
+	t.Logf("rdma link delete %s took %v", device2, time.Since(start).Round(time.Millisecond))
+	if got := op("read %s %s 6", addr, rkey0); got != "ok "+fmt.Sprintf("%x", "during") {
+		t.Errorf("the peer through rxe0 after rxe1 went: %q", got)
+	}
+	if k := deviceKeys(t, f); len(k) != 1 || k[device] != keys[device] {
+		t.Errorf("user.mrfs.keys with rxe1 gone: %v, want rxe0's %v alone", k, keys[device])
+	}
+	if st := getxattr(t, f, "user.mrfs.state"); st != "registered; device rxe1 gone" {
+		t.Errorf("user.mrfs.state with rxe1 gone: %q", st)
+	}
+	if out, err := exec.Command(mrfsBin(), "status", d.dir).CombinedOutput(); err != nil || !strings.Contains(string(out), "(gone: rxe1)") {
+		t.Errorf("mrfs status with rxe1 gone: %v\n%s", err, out)
+	}
+	if !strings.Contains(d.log.String(), "device is gone") {
+		t.Errorf("the log does not say rxe1 is gone")
+	}
+
+	if out, err := exec.Command("rdma", "link", "add", device2, "type", "rxe", "netdev", "eth1").CombinedOutput(); err != nil {
+		t.Fatalf("rdma link add %s: %v: %s", device2, err, out)
+	}
+	var back map[string][2]uint64
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if back = deviceKeys(t, f); len(back) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after rdma link add %s, user.mrfs.keys %v\n%s", device2, back, d.log)
+		}
+	}
+	t.Logf("%s back: keys %v, were %v", device2, back, keys)
+	if back[device] != keys[device] {
+		t.Errorf("rxe0's keys changed: %v, were %v", back[device], keys[device])
+	}
+	if hits := byLKey(rdmaResOn(t, "mr", device2), back[device2][0]); len(hits) != 1 {
+		t.Errorf("the new %s lists %d MRs with lkey %#x, want 1", device2, len(hits), back[device2][0])
+	}
+	descFile := filepath.Join(t.TempDir(), "desc")
+	if err := os.WriteFile(descFile, []byte(getxattr(t, f, "user.mrfs.desc")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(data, []byte("through the new rxe1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	write := `PEER=$IP:${PEER##*:}; MRFS_TOKEN="$(tok /)" "$MRFS" remote write --peer "$PEER" --pd / --desc @"$DESC" --offset 4096 < "$DATA"`
+	if code, out := cliPeer(t, rd, write, "IP", addr1, "DESC", descFile, "DATA", data); code != 0 {
+		t.Fatalf("mrfs remote write through the new %s: exit %d: %s", device2, code, out)
+	}
+	if got := op("read %s %s 20", fmt.Sprintf("%#x", mustHex(t, addr)+4096), rkey0); got != "ok "+fmt.Sprintf("%x", "through the new rxe1") {
+		t.Errorf("what the peer through the new rxe1 wrote, read through rxe0: %q", got)
+	}
+	p0.stop()
+
+	if err := os.Remove(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.stop(t); err != nil {
+		t.Fatalf("teardown: %v\n%s", err, d.log)
+	}
+	for _, kind := range []string{"mr", "pd"} {
+		before := map[string]snapshot{"mr": mrsBefore, "pd": pdsBefore}[kind]
+		for id := range idsOn(t, kind, devs...) {
+			if !before[id] {
+				t.Errorf("after the teardown %s %s remains", kind, id)
+			}
+		}
+	}
+}
+
+func mustHex(t *testing.T, s string) uint64 {
+	t.Helper()
+	n, err := strconv.ParseUint(s, 0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
