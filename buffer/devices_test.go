@@ -36,3 +36,26 @@ func TestSeveralDevicesMaxMR(t *testing.T) {
 		t.Fatalf("log does not name soft1's max_mr:\n%s", e.log.String())
 	}
 }
+
+// On several devices max_pd is the smallest, and its refusal names the
+// device that has it, not the first.
+func TestSeveralDevicesMaxPD(t *testing.T) {
+	a, err := soft.New(soft.Options{MaxPD: 4}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := soft.New(soft.Options{MaxPD: 2, DeviceName: "soft1"}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := setupOn(t, buffer.Options{}, multi.Join([]verbs.Device{a, b}))
+	// setupOn made one directory's PD; one more fits.
+	if _, err := e.m.NewDomain(verbs.LocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.m.NewDomain(verbs.LocalWrite)
+	errnoIs(t, err, syscall.ENOSPC)
+	if !strings.Contains(e.log.String(), "device soft1 holds at most 2 (max_pd)") {
+		t.Fatalf("log does not name soft1's max_pd:\n%s", e.log.String())
+	}
+}

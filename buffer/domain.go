@@ -74,9 +74,15 @@ func (m *Manager) reservePDLocked() error {
 		return errClosed
 	}
 	if max := m.attr.MaxPD; max > 0 && len(m.domains)+m.pdsPending >= max {
+		dev := m.dev.Name()
+		if l, ok := m.dev.(interface {
+			Limiting(func(verbs.DeviceAttr) int) string
+		}); ok {
+			dev = l.Limiting(func(a verbs.DeviceAttr) int { return a.MaxPD }) // of several, the smallest's
+		}
 		return m.refuseLocked(limitMaxPD, syscall.ENOSPC, fmt.Sprintf("device max_pd (%d) reached", max),
-			fmt.Sprintf("cannot make a directory: each one is a protection domain, and device %s holds at most %d (max_pd); remove directories, or use a device with a larger max_pd", m.dev.Name(), max),
-			"value", max, "device", m.dev.Name())
+			fmt.Sprintf("cannot make a directory: each one is a protection domain, and device %s holds at most %d (max_pd); remove directories, or use a device with a larger max_pd", dev, max),
+			"value", max, "device", dev)
 	}
 	m.pdsPending++
 	return nil

@@ -170,3 +170,13 @@ func errnoIs(t *testing.T, err error, want syscall.Errno) {
 		t.Fatalf("got %v (errno %d), want %v", err, verbs.Errno(err), want)
 	}
 }
+
+// Limiting passes on a joined device's (verbs/multi).
+func (s *spy) Limiting(limit func(verbs.DeviceAttr) int) string {
+	if l, ok := s.Device.(interface {
+		Limiting(func(verbs.DeviceAttr) int) string
+	}); ok {
+		return l.Limiting(limit)
+	}
+	return s.Device.Name()
+}

@@ -149,6 +149,21 @@ func (d *Device) Attr() verbs.DeviceAttr {
 	return a
 }
 
+// Limiting is the name of the device whose limit (of those Attr takes
+// the smallest of) is the smallest, the first of equals: the device a
+// refusal at that limit is about.
+func (d *Device) Limiting(limit func(verbs.DeviceAttr) int) string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	best := d.devs[0]
+	for _, dev := range d.devs[1:] {
+		if limit(dev.Attr()) < limit(best.Attr()) {
+			best = dev
+		}
+	}
+	return best.Name()
+}
+
 // AllocPD allocates a PD on each device.
 func (d *Device) AllocPD() (verbs.PD, error) {
 	d.mu.RLock()
