@@ -289,8 +289,13 @@ func (c *Conn) WaitDisconnect(timeout time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("waiting for DISCONNECTED: %w", err)
 		}
-		if ev.Type == ibv.EventDisconnected {
+		switch ev.Type {
+		case ibv.EventDisconnected:
 			return nil
+		case ibv.EventDeviceRemoval:
+			// The device under the connection went: nothing more
+			// comes, and this process must let go of it.
+			return fmt.Errorf("waiting for DISCONNECTED: the local device was removed: %w", syscall.ENODEV)
 		}
 	}
 }

@@ -200,6 +200,13 @@ func (l *Listener) handle(ev ibv.Event) {
 		if c := l.lookup(ev.ID); c != nil {
 			c.close("the peer disconnected")
 		}
+	case ibv.EventDeviceRemoval:
+		// Whether this comes before the device waits for its contexts
+		// depends on the kernel's order; the devices' watch does not
+		// count on it (CloseDevice).
+		if c := l.lookup(ev.ID); c != nil {
+			c.close("its device was removed")
+		}
 	case ibv.EventConnectError, ibv.EventUnreachable, ibv.EventRejected:
 		if c := l.lookup(ev.ID); c != nil {
 			c.close(fmt.Sprintf("%s (status %d)", ev.Type, ev.Status))

@@ -368,7 +368,8 @@ func TestDeviceLeavesAndReturns(t *testing.T) {
 	addRxe1(t)
 	devs := []string{device, device2}
 	mrsBefore, pdsBefore := idsOn(t, "mr", devs...), idsOn(t, "pd", devs...)
-	rd := twoDeviceMount(t, "")
+	etcdURL := startEtcd(t)
+	rd := twoDeviceMount(t, "[publish]\nendpoints = [\""+etcdURL+"\"]\nname = \"m\"\n")
 	d := rd.daemon
 	f := filepath.Join(d.dir, "rx")
 	createSized(t, f, 64<<10)
@@ -387,6 +388,11 @@ func TestDeviceLeavesAndReturns(t *testing.T) {
 	if got := op("write %s %s %x", addr, rkey0, "before"); got != "ok" {
 		t.Fatalf("the peer through rxe0 before rxe1 goes: %q", got)
 	}
+	// A peer connected through rxe1 when it goes: the daemon closes its
+	// connection (its QP is in rxe1's part of the PD, which must go).
+	via1 := *rd
+	via1.peer = addr1 + rd.peer[len(addr0):]
+	p1 := holdPeer(t, &via1, "/")
 
 	start := time.Now()
 	done := make(chan error, 1)
@@ -400,6 +406,17 @@ func TestDeviceLeavesAndReturns(t *testing.T) {
 		t.Fatalf("rdma link delete %s: %v\n%s", device2, err, d.log)
 	}
 	t.Logf("rdma link delete %s took %v", device2, time.Since(start).Round(time.Millisecond))
+	// Closed at the kernel's DEVICE_REMOVAL if it came first (it does on
+	// 6.12), else by the devices' watch.
+	if log := d.log.String(); !strings.Contains(log, `reason="its device was removed"`) && !strings.Contains(log, "closed_connections=1") {
+		t.Errorf("the daemon did not close the connection through %s when it went", device2)
+	}
+	select {
+	case <-p1.done:
+		t.Logf("the peer through %s: %s", device2, strings.TrimSpace(p1.out.String()))
+	case <-time.After(30 * time.Second):
+		t.Errorf("the peer through %s is still there 30 s after it went", device2)
+	}
 	if got := op("read %s %s 6", addr, rkey0); got != "ok "+fmt.Sprintf("%x", "during") {
 		t.Errorf("the peer through rxe0 after rxe1 went: %q", got)
 	}
@@ -435,17 +452,20 @@ func TestDeviceLeavesAndReturns(t *testing.T) {
 	if hits := byLKey(rdmaResOn(t, "mr", device2), back[device2][0]); len(hits) != 1 {
 		t.Errorf("the new %s lists %d MRs with lkey %#x, want 1", device2, len(hits), back[device2][0])
 	}
-	descFile := filepath.Join(t.TempDir(), "desc")
-	if err := os.WriteFile(descFile, []byte(getxattr(t, f, "user.mrfs.desc")), 0o600); err != nil {
-		t.Fatal(err)
+	// A peer finds the buffer in etcd and writes through the new rxe1
+	// with the keys published for it (the old ones fail there).
+	host, _ := os.Hostname()
+	byName := `echo -n "$MSG" | MRFS_TOKEN="$(tok /)" "$MRFS" remote write --name "$NAME" --endpoints "$ETCD" --device rxe1 --offset 4096`
+	var code int
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		code, out = cliPeer(t, rd, byName, "NAME", host+"/m/rx", "ETCD", etcdURL, "MSG", "through the new rxe1")
+		if code == 0 || time.Now().After(deadline) {
+			break
+		}
 	}
-	data := filepath.Join(t.TempDir(), "data")
-	if err := os.WriteFile(data, []byte("through the new rxe1"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	write := `PEER=$IP:${PEER##*:}; MRFS_TOKEN="$(tok /)" "$MRFS" remote write --peer "$PEER" --pd / --desc @"$DESC" --offset 4096 < "$DATA"`
-	if code, out := cliPeer(t, rd, write, "IP", addr1, "DESC", descFile, "DATA", data); code != 0 {
-		t.Fatalf("mrfs remote write through the new %s: exit %d: %s", device2, code, out)
+	if code != 0 {
+		t.Fatalf("mrfs remote write --name --device %s after it came back: exit %d: %s", device2, code, out)
 	}
 	if got := op("read %s %s 20", fmt.Sprintf("%#x", mustHex(t, addr)+4096), rkey0); got != "ok "+fmt.Sprintf("%x", "through the new rxe1") {
 		t.Errorf("what the peer through the new rxe1 wrote, read through rxe0: %q", got)
