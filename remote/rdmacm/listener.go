@@ -468,3 +468,27 @@ func (c *conn) closeLocked(reason string) {
 	}
 	c.l.log.Info("rdma_cm connection closed", "peer", c.peer.String(), "dir", c.dir, "pd", c.pd, "qp", c.qpNum, "reason", reason)
 }
+
+// sysInfiniband is where the kernel lists RDMA devices.
+const sysInfiniband = "/sys/class/infiniband"
+
+// netdevAddrs lists a network device's addresses.
+func netdevAddrs(name string) []netip.Addr {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
+}

@@ -1,15 +1,11 @@
 package rdmacm
 
 import (
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 )
-
-// sysInfiniband is where the kernel lists RDMA devices.
-const sysInfiniband = "/sys/class/infiniband"
 
 // deviceAddrs is, for each RDMA device under sys, the address a peer
 // reaches it at: one of the addresses of the network device its port 1
@@ -36,27 +32,6 @@ func deviceAddrs(sys string, addrsOf func(netdev string) []netip.Addr) map[strin
 		}
 		if best.IsValid() {
 			out[d.Name()] = best
-		}
-	}
-	return out
-}
-
-// netdevAddrs lists a network device's addresses.
-func netdevAddrs(name string) []netip.Addr {
-	ifc, err := net.InterfaceByName(name)
-	if err != nil {
-		return nil
-	}
-	addrs, err := ifc.Addrs()
-	if err != nil {
-		return nil
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok {
-				out = append(out, ip.Unmap())
-			}
 		}
 	}
 	return out
