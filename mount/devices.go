@@ -33,8 +33,8 @@ type deviceWatch struct {
 
 	// guards: gone, refused.
 	mu      sync.Mutex
-	gone    map[string]time.Time // the mount's devices that left, and when
-	refused map[string]bool      // devices present that failed to join (said once)
+	gone    map[string]bool // the mount's devices that left
+	refused map[string]bool // devices present that failed to join (said once)
 }
 
 // watchInterval is how often devices are listed.
@@ -57,7 +57,7 @@ func watchDevices(prov verbs.Provider, dev verbs.Device, cfg config.Verbs, remot
 		prov: prov, dev: md, remote: remote, changed: changed, log: log,
 		want: func(name string) bool { return cfg.AllDevices || slices.Contains(configured, name) },
 		stop: make(chan struct{}), done: make(chan struct{}),
-		gone: map[string]time.Time{}, refused: map[string]bool{},
+		gone: map[string]bool{}, refused: map[string]bool{},
 	}
 	go w.run()
 	return w
@@ -146,10 +146,8 @@ func (w *deviceWatch) leave(name string) {
 	closed := w.remote.CloseDevice(name)
 	err := w.dev.Detach(name)
 	w.mu.Lock()
-	_, known := w.gone[name]
-	if !known {
-		w.gone[name] = time.Now()
-	}
+	known := w.gone[name]
+	w.gone[name] = true
 	w.mu.Unlock()
 	if errors.Is(err, syscall.EBUSY) {
 		if !known {
