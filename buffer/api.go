@@ -83,6 +83,9 @@ const (
 	// Unregistered: the file has bytes but no registration; Info.Reason
 	// says why (a limit hit while learning a size a client changed).
 	Unregistered
+	// Stale: registered in place, and deregistered for good since its
+	// source was resized (Info.Reason).
+	Stale
 )
 
 // Info is a consistent snapshot of a buffer.
@@ -109,6 +112,9 @@ type Info struct {
 	// Pool is where a pool file's slot is (nil for other files): its
 	// registration is its chunk's (LKey, RKey), Addr the slot's.
 	Pool *SlotInfo
+	// Source is where a file registered in place has its memory (nil
+	// for other files).
+	Source *SourceInfo
 }
 
 // Stats are totals across a Manager.

@@ -61,8 +61,12 @@ type Buffer struct {
 	// charge.go): written under m.mu (and mu, but for an orphan's
 	// release), read under either or atomically.
 	charge atomic.Uint64
-	// slot is set, at creation, for a pool file (slot.go).
-	slot *slotRef
+	// slot is set, at creation, for a pool file (slot.go); src for a
+	// file registered in place (inplace.go), which is stale (guarded by
+	// mu) once its source was resized.
+	slot  *slotRef
+	src   Source
+	stale bool
 
 	pageSize atomic.Uint32 // PageSize's answer; 0: not learned since the last registration
 	// busy is set, while mu is held, for a registration that takes a
@@ -138,6 +142,8 @@ func (s State) String() string {
 		return "registered"
 	case Unregistered:
 		return "unregistered"
+	case Stale:
+		return "stale"
 	}
 	return fmt.Sprintf("State(%d)", int(s))
 }
@@ -207,6 +213,7 @@ func (b *Buffer) abandonLocked() {
 // and counts. Callers hold m.mu.
 func (m *Manager) forgetLocked(b *Buffer) {
 	delete(m.buffers, b)
+	delete(m.sources, b)
 	b.dom.nbuf--
 	m.user(b.owner).Buffers--
 	m.unuse(b.owner)
@@ -220,6 +227,9 @@ func (b *Buffer) freeMemory(truncate func() error, released bool) {
 	if b.slot != nil {
 		b.slot.p.give(b.slot.i, released)
 		return
+	}
+	if b.src != nil {
+		return // the source's memory stays its owner's
 	}
 	if err := truncate(); err != nil {
 		b.m.log.Error("freeing the memory of a removed file", "err", err)
@@ -265,6 +275,9 @@ func (b *Buffer) infoLocked() Info {
 	if b.slot != nil {
 		b.slotInfoLocked(&in)
 	}
+	if b.src != nil {
+		in.Source = &SourceInfo{Path: b.src.Path(), Kind: b.src.Kind()}
+	}
 	return in
 }
 
@@ -297,6 +310,8 @@ func (b *Buffer) stateLocked() State {
 		return Empty
 	case b.regs != nil:
 		return Registered
+	case b.stale:
+		return Stale
 	}
 	return Unregistered
 }
@@ -365,6 +380,9 @@ func (b *Buffer) syncedLocked(op func() error) error {
 // syncOnceLocked makes one attempt. After errRaced the buffer is as
 // before, unless final.
 func (b *Buffer) syncOnceLocked(final bool) error {
+	if b.src != nil {
+		return b.syncSourceLocked()
+	}
 	cur, held, err := b.f.Stat()
 	if err != nil {
 		return err
@@ -580,7 +598,7 @@ func (b *Buffer) Resize(ctx context.Context, size uint64) error {
 	if b.gone != alive {
 		return fmt.Errorf("resize: %w", b.gone.err())
 	}
-	if b.slot != nil {
+	if b.slot != nil || b.src != nil {
 		return b.f.Truncate(size)
 	}
 	defer b.settleFileLocked()
@@ -650,6 +668,11 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 	}
 	if err := b.m.checkAccess(a); err != nil {
 		return err
+	}
+	if b.src != nil {
+		if err := checkSourceAccess(b.src, a); err != nil {
+			return err
+		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

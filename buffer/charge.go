@@ -53,6 +53,12 @@ func (b *Buffer) settleFileLocked() {
 	if b.f != nil {
 		_, held, err = b.f.Stat()
 	}
+	if b.src != nil && b.regs == nil {
+		// Memory brought is charged while registered only: its pages
+		// are its owner's, pinned by nobody once deregistered (stale,
+		// freed).
+		held, err = 0, nil
+	}
 	b.settleLocked(held, err == nil)
 }
 
@@ -118,6 +124,9 @@ func (b *Buffer) Open(writable bool) (*Fd, error) {
 	defer b.mu.RUnlock()
 	if b.gone != alive {
 		return nil, fmt.Errorf("open: %w", b.gone.err())
+	}
+	if writable && b.src != nil && !b.src.Writable() {
+		return nil, fmt.Errorf("open for writing: %s is registered read-only: %w", b.src.Path(), syscall.EACCES)
 	}
 	m := b.m
 	m.mu.Lock()

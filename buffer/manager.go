@@ -55,6 +55,10 @@ type Manager struct {
 	// writers are the buffers with writable descriptors open: where pages
 	// the daemon has not seen can come from.
 	writers map[*Buffer]struct{}
+	// sources are the buffers registered in place and not stale, which
+	// watchSources (running once watching is set) looks at.
+	sources  map[*Buffer]struct{}
+	watching bool
 	// releases is closed (and replaced) whenever an orphan's memory is
 	// released, for admissions waiting for it.
 	releases chan struct{}
@@ -92,6 +96,7 @@ func NewManager(dev verbs.Device, opt Options, log *slog.Logger) *Manager {
 		users:    make(map[uint32]*UserStats),
 		warned:   make(map[limitKind]time.Time),
 		writers:  make(map[*Buffer]struct{}),
+		sources:  make(map[*Buffer]struct{}),
 		releases: make(chan struct{}),
 	}
 	m.maps.init()

@@ -84,7 +84,7 @@ func (p *progress) add(n uint64) {
 func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum uint32, base unsafe.Pointer, length, oldLen, newFrom uint64, owner uint32, a verbs.Access, prog *progress) (regions, error) {
 	addr := uintptr(base)
 	what := fmt.Sprintf("register %s in pd %d", bytesize.Format(length), pdNum)
-	if t := m.opt.PopulateThreshold; t > 0 && length >= t && newFrom < length {
+	if t := m.opt.PopulateThreshold; t > 0 && length >= t && newFrom < length && writableMap(f) {
 		if err := m.populate(ctx, base, newFrom, length, prog); err != nil {
 			return nil, fmt.Errorf("%s: populate: %w", what, m.storeFull(err, length))
 		}
@@ -177,4 +177,12 @@ var errInterrupted = fmt.Errorf("interrupted: %w", syscall.EINTR)
 // interrupted is the error for a registration ctx ended.
 func interrupted(ctx context.Context) error {
 	return fmt.Errorf("%w (%w)", errInterrupted, ctx.Err())
+}
+
+// writableMap says whether f's mapping takes writes, which population
+// (MADV_POPULATE_WRITE) makes: a source registered read-only is mapped
+// read-only, and pinning faults its pages in.
+func writableMap(f store.File) bool {
+	src, ok := f.(Source)
+	return !ok || src.Writable()
 }

@@ -48,6 +48,9 @@ type Desc struct {
 	// Pool is where a pool file's slot is; its region above is the
 	// chunk's, which holds every slot of the chunk under one key.
 	Pool *Pool `json:"pool,omitempty"`
+	// Source is the file a buffer registered in place has its memory
+	// from.
+	Source *Source `json:"source,omitempty"`
 
 	// Where a published buffer is (package publish); empty in
 	// user.mrfs.desc.
@@ -75,6 +78,13 @@ type DeviceRegions struct {
 	// Listen is where a peer reaches this device ("rdma_cm
 	// 10.0.3.5:7471"), in what etcd holds.
 	Listen string `json:"listen,omitempty"`
+}
+
+// Source is where a file registered in place has its memory: the path its
+// caller gave and the kind ("tmpfs", "hugetlbfs", "memfd").
+type Source struct {
+	Path string `json:"path"`
+	Kind string `json:"kind"`
 }
 
 // Pool is a pool file's place: its pool's directory (when known), the
@@ -108,6 +118,9 @@ func Of(device string, info buffer.Info, regs []buffer.Region, pageSize uint64, 
 	d.Devices = perDevice(regs)
 	if s := info.Pool; s != nil {
 		d.Pool = &Pool{Dir: poolDir, Slot: s.Index, SlotSize: Dec(s.Size)}
+	}
+	if s := info.Source; s != nil {
+		d.Source = &Source{Path: s.Path, Kind: s.Kind}
 	}
 	return d
 }
@@ -152,7 +165,8 @@ func (d Desc) JSON() []byte {
 }
 
 // State is user.mrfs.state: "registered", "empty",
-// "unregistered: <reason>", "registering <done>/<total>", or, when a
+// "unregistered: <reason>", "registering <done>/<total>", "registered in
+// place", "stale: <reason>" (registered in place, source resized), or, when a
 // client grew the file past what could be registered and the
 // registration that was there stays, "registered <length> of <size>
 // bytes: <reason>".
@@ -160,6 +174,8 @@ func State(info buffer.Info) string {
 	switch {
 	case info.Progress.Total > 0:
 		return fmt.Sprintf("registering %d/%d", info.Progress.Done, info.Progress.Total)
+	case info.State == buffer.Registered && info.Source != nil && info.Length == info.Size:
+		return "registered in place"
 	case info.State == buffer.Registered && info.Length == info.Size && info.Regions > 1:
 		return fmt.Sprintf("registered in %d regions", info.Regions)
 	case info.State == buffer.Registered && info.Length == info.Size:
@@ -168,6 +184,8 @@ func State(info buffer.Info) string {
 		return fmt.Sprintf("registered %d of %d bytes: %s", info.Length, info.Size, info.Reason)
 	case info.State == buffer.Empty:
 		return "empty"
+	case info.State == buffer.Stale:
+		return "stale: " + info.Reason
 	default:
 		return "unregistered: " + info.Reason
 	}

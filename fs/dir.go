@@ -176,10 +176,6 @@ func (n *dirNode) Mknod(ctx context.Context, name string, mode uint32, dev uint3
 	return nil, syscall.EPERM
 }
 
-func (n *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	return nil, syscall.EPERM
-}
-
 func (n *dirNode) Link(ctx context.Context, target fusefs.InodeEmbedder, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	return nil, syscall.EPERM
 }

@@ -274,6 +274,9 @@ func (n *bufferNode) Setxattr(ctx context.Context, attr string, data []byte, fla
 }
 
 func (n *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if attr == xattrRegister {
+		return n.setRegister(ctx, data)
+	}
 	if attr == xattrPool {
 		if err := n.setPool(string(data), caller(ctx).UID); err != nil {
 			return toErrno(n.fsys.log, "set pool", err)

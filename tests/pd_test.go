@@ -194,15 +194,18 @@ func TestRenameOverExisting(t *testing.T) {
 	}
 }
 
-// TestSpecialFilesEPERM: symlinks, hard links, FIFOs, device nodes and
-// sockets are refused with EPERM and nothing appears.
+// TestSpecialFilesEPERM: hard links, FIFOs, device nodes and sockets are
+// refused with EPERM, a symlink to what is not shared memory (a file of
+// the mount itself, by a relative or an absolute path) with EINVAL, and
+// nothing appears.
 func TestSpecialFilesEPERM(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{})
 	f := d.path("f")
 	makeBuffer(t, f, 4096)
 	before := takeSnapshot(t, d.mnt, f)
-	wantErrno(t, unix.Symlink("f", d.path("sym")), unix.EPERM, "symlink")
+	wantErrno(t, unix.Symlink("f", d.path("sym")), unix.EINVAL, "symlink")
+	wantErrno(t, unix.Symlink(f, d.path("sym3")), unix.EINVAL, "symlink to a file of the mount")
 	wantErrno(t, unix.Link(f, d.path("hard")), unix.EPERM, "link")
 	wantErrno(t, unix.Mkfifo(d.path("fifo"), 0o600), unix.EPERM, "mkfifo")
 	wantErrno(t, unix.Mknod(d.path("chr"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))), unix.EPERM, "mknod char device")
@@ -212,7 +215,7 @@ func TestSpecialFilesEPERM(t *testing.T) {
 	if err == nil {
 		t.Errorf("ln -s succeeded")
 	}
-	for _, n := range []string{"sym", "hard", "fifo", "chr", "blk", "sock", "sym2"} {
+	for _, n := range []string{"sym", "hard", "fifo", "chr", "blk", "sock", "sym2", "sym3"} {
 		if _, err := os.Lstat(d.path(n)); !os.IsNotExist(err) {
 			t.Errorf("%s exists after a refused create: %v", n, err)
 		}

@@ -304,11 +304,35 @@ func (d *Dir) Entries() []Entry {
 // open the file); if it fails, or name exists by then (EEXIST), the
 // buffer is freed and nothing is left behind.
 func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) error) (*File, error) {
+	return d.add(name, owner, mode, prepare, func() (*buffer.Buffer, error) {
+		return d.t.mgr.Create(d.dom, d.t.opt.DefaultSize, owner.UID)
+	})
+}
+
+// Register makes a file of memory a client brought (src, which it takes),
+// registered in place with access a, or d's default access when a is nil
+// (buffer.Manager.RegisterInPlace). Otherwise as Create.
+func (d *Dir) Register(name string, owner Owner, mode uint32, src buffer.Source, a *verbs.Access, prepare func(*File) error) (*File, error) {
+	if err := checkName(name); err != nil {
+		src.Remove()
+		return nil, fmt.Errorf("register: %w", err)
+	}
+	return d.add(name, owner, mode, prepare, func() (*buffer.Buffer, error) {
+		access := d.dom.DefaultAccess()
+		if a != nil {
+			access = *a
+		}
+		return d.t.mgr.RegisterInPlace(d.dom, src, owner.UID, access)
+	})
+}
+
+// add makes a file of the buffer make returns under name.
+func (d *Dir) add(name string, owner Owner, mode uint32, prepare func(*File) error, make func() (*buffer.Buffer, error)) (*File, error) {
 	if err := checkName(name); err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	// Registration can take long: it happens outside the tree lock.
-	buf, err := d.t.mgr.Create(d.dom, d.t.opt.DefaultSize, owner.UID)
+	buf, err := make()
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", name, err)
 	}

@@ -39,6 +39,8 @@ func commands() []command {
 			summary: "Create FILE on an mrfs mount, or resize it, to SIZE bytes (64MiB, 8GiB, ...) and wait until it is registered, showing the progress; Ctrl-C stops the registration and leaves FILE as it was."},
 		{name: "pool", args: "DIR", run: cmdPool,
 			summary: "Make DIR a pool of fixed-size slots registered in a few big regions (files in it are ready at once, zeroed when unlinked), or change its slots. " + poolTrust},
+		{name: "register", args: "SOURCE FILE", run: cmdRegister,
+			summary: "Register SOURCE, a file of shared memory (/dev/shm, hugetlbfs, a memfd as /proc/PID/fd/N), in place as FILE on an mrfs mount: no copy, the same pages; unlinking FILE deregisters and leaves SOURCE alone. The daemon opens SOURCE as you would, and the access may not write what you may not. `ln -s SOURCE FILE` does the same with the directory's default access."},
 		{name: "devices", run: func(a []string, o, _ io.Writer) error { return cmdDevices(a, o) },
 			summary: "List the devices of the chosen verbs backend with their limits (max_mr and others)."},
 		{name: "remote", ops: []string{"read", "write", "cas", "fadd"}, run: func(a []string, o, _ io.Writer) error { return cmdRemote(a, o) },

@@ -1,0 +1,135 @@
+package buffer
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+
+	"mrfs/internal/bytesize"
+	"mrfs/store"
+	"mrfs/verbs"
+)
+
+// A buffer registered in place (b.src set) has as its file memory a
+// client brought (package source): the daemon maps and registers it and
+// never resizes, fills or frees it. Its size is the source's when it was
+// registered; when the source's owner resizes it, the registration no
+// longer matches its pages, and the buffer goes stale: deregistered for
+// good, its charge dropped. The Buffer methods branch here for it.
+
+// Source is what RegisterInPlace registers: an open source file.
+type Source interface {
+	store.File
+	Path() string
+	Kind() string
+	// Writable: the caller may write the source, and it is mapped so.
+	Writable() bool
+}
+
+// SourceInfo is where an in-place buffer's memory comes from.
+type SourceInfo struct {
+	Path, Kind string
+}
+
+// sourceWatch is how often the sources are checked for a resize, besides
+// every look at a file's attributes.
+const sourceWatch = time.Second
+
+// RegisterInPlace makes a buffer of src in d, registered whole with access
+// a and charged to owner. It takes src: on failure src is closed. EACCES
+// when a writes and src is not writable; EPERM in a pool.
+func (m *Manager) RegisterInPlace(d *Domain, src Source, owner uint32, a verbs.Access) (*Buffer, error) {
+	fail := func(err error) (*Buffer, error) {
+		src.Remove()
+		return nil, fmt.Errorf("register %s in place: %w", src.Path(), err)
+	}
+	switch {
+	case d == nil:
+		return fail(fmt.Errorf("no domain: %w", syscall.EINVAL))
+	case d.Pool() != nil:
+		return fail(fmt.Errorf("a pool's files are its slots; register in place outside pools: %w", syscall.EPERM))
+	}
+	if err := m.checkAccess(a); err != nil {
+		return fail(err)
+	}
+	if err := checkSourceAccess(src, a); err != nil {
+		return fail(err)
+	}
+	size, _, err := src.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	b := &Buffer{m: m, dom: d, owner: owner, src: src}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := m.reserveBuffer(b, d, owner); err != nil {
+		return fail(err)
+	}
+	b.f, b.access = src, a
+	if err := b.registerLocked(context.Background(), size, d, a); err != nil {
+		b.abandonLocked() // closes src
+		return nil, fmt.Errorf("register %s in place (%s): %w", src.Path(), bytesize.Format(size), err)
+	}
+	b.size = size
+	b.settleFileLocked()
+	m.mu.Lock()
+	m.sources[b] = struct{}{}
+	if !m.watching {
+		m.watching = true
+		go m.watchSources()
+	}
+	m.mu.Unlock()
+	return b, nil
+}
+
+// checkSourceAccess bounds a by what the caller may do to src.
+func checkSourceAccess(src Source, a verbs.Access) error {
+	if a.Writable() && !src.Writable() {
+		return fmt.Errorf("access %s writes, and %s was registered read-only (its owner's caller may not write it): %w", a, src.Path(), syscall.EACCES)
+	}
+	return nil
+}
+
+// watchSources looks at every source each sourceWatch until the manager
+// closes, so a resize is noticed even when nobody looks at the file.
+func (m *Manager) watchSources() {
+	for range time.Tick(sourceWatch) {
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			return
+		}
+		bufs := make([]*Buffer, 0, len(m.sources))
+		for b := range m.sources {
+			bufs = append(bufs, b)
+		}
+		m.mu.Unlock()
+		for _, b := range bufs {
+			_ = b.Sync() // logged where it goes stale
+		}
+	}
+}
+
+// syncSourceLocked is Sync for an in-place buffer: a source whose size is
+// no longer the registered one makes the buffer stale.
+func (b *Buffer) syncSourceLocked() error {
+	if b.stale {
+		return nil
+	}
+	cur, _, err := b.f.Stat()
+	if err != nil || cur == b.size {
+		return err
+	}
+	if err := b.dropLocked(); err != nil {
+		return fmt.Errorf("deregister the stale registration of %s: %w", b.src.Path(), err)
+	}
+	b.stale, b.reason = true, "source resized"
+	b.settleFileLocked()
+	b.m.mu.Lock()
+	delete(b.m.sources, b)
+	b.m.mu.Unlock()
+	b.m.log.Warn("a source registered in place was resized by its owner: deregistered",
+		"source", b.src.Path(), "registered", bytesize.Format(b.size), "now", bytesize.Format(cur))
+	return nil
+}
