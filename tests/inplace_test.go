@@ -226,41 +226,63 @@ func TestRegisterInPlaceMemfd(t *testing.T) {
 	requireSamePages(t, os.Getpid(), sliceAddr(mm), d.pid(), uintptr(parseHex(t, mustXattr(t, d.path("m2"), xAddr))), size/pageSize)
 }
 
-// A hugetlb memfd's huge pages are registered as they are. The host may
-// have none (its nr_hugepages is 0 here): the qemu guest, which runs
-// this suite too, reserves a few.
+// Huge pages are registered as they are: a hugetlb memfd's, and a file's
+// of a hugetlbfs mount. The host may have none (its nr_hugepages is 0
+// here): the qemu guest, which runs this suite too, reserves a few.
 func TestRegisterInPlaceHugetlb(t *testing.T) {
 	t.Parallel()
 	const huge = 2 << 20
-	fd, err := unix.MemfdCreate("mrfs-test-huge", unix.MFD_CLOEXEC|unix.MFD_HUGETLB)
-	if err == nil {
-		err = unix.Ftruncate(fd, huge)
-	}
-	var mm []byte
-	if err == nil {
-		mm, err = unix.Mmap(fd, 0, huge, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
-	}
+	mfd, err := unix.MemfdCreate("mrfs-test-huge", unix.MFD_CLOEXEC|unix.MFD_HUGETLB)
 	if err != nil {
-		if os.Getenv("MRFS_VM_GUEST") == "1" {
-			t.Fatalf("a 2 MiB hugetlb memfd in the guest, which reserves huge pages: %v", err)
-		}
-		t.Skipf("no 2 MiB huge page to be had on this host (%v); the qemu guest's run covers it", err)
+		t.Fatal(err)
 	}
-	defer unix.Close(fd)
-	defer unix.Munmap(mm)
+	defer unix.Close(mfd)
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "hugetlbfs", "none", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount -t hugetlbfs: %v %s", err, out)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	ffd, err := unix.Open(filepath.Join(dir, "f"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ffd)
 	d := startDaemon(t, daemonConfig{})
-	f := d.path("h")
-	if err := os.Symlink(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd), f); err != nil {
-		t.Fatalf("ln -s a hugetlb memfd: %v", err)
+	for _, c := range []struct {
+		kind, path string
+		fd         int
+	}{
+		{"memfd", fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), mfd), mfd},
+		{"hugetlbfs", filepath.Join(dir, "f"), ffd},
+	} {
+		err := unix.Ftruncate(c.fd, huge)
+		var mm []byte
+		if err == nil {
+			mm, err = unix.Mmap(c.fd, 0, huge, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+		}
+		if err != nil {
+			if os.Getenv("MRFS_VM_GUEST") == "1" {
+				t.Fatalf("a 2 MiB huge page (%s) in the guest, which reserves some: %v", c.kind, err)
+			}
+			t.Skipf("no 2 MiB huge page to be had on this host (%v); the qemu guest's run covers it", err)
+		}
+		defer unix.Munmap(mm)
+		f := d.path(c.kind)
+		if err := os.Symlink(c.path, f); err != nil {
+			t.Fatalf("ln -s %s (%s): %v", c.path, c.kind, err)
+		}
+		var desc struct {
+			PageSize uint64 `json:"page_size"`
+		}
+		json.Unmarshal([]byte(mustXattr(t, f, xDesc)), &desc)
+		if desc.PageSize != huge {
+			t.Errorf("%s: page_size %d, want %d", c.kind, desc.PageSize, huge)
+		}
+		if s := readSourceDesc(t, f).Source; s == nil || s.Kind != c.kind {
+			t.Errorf("%s: desc source %+v", c.kind, s)
+		}
+		requireSamePages(t, os.Getpid(), sliceAddr(mm), d.pid(), uintptr(parseHex(t, mustXattr(t, f, xAddr))), 4)
 	}
-	var desc struct {
-		PageSize uint64 `json:"page_size"`
-	}
-	json.Unmarshal([]byte(mustXattr(t, f, xDesc)), &desc)
-	if desc.PageSize != huge {
-		t.Errorf("page_size %d of a hugetlb source, want %d", desc.PageSize, huge)
-	}
-	requireSamePages(t, os.Getpid(), sliceAddr(mm), d.pid(), uintptr(parseHex(t, mustXattr(t, f, xAddr))), 4)
 }
 
 // The daemon opens a source as its caller would: another user's private
