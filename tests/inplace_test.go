@@ -475,3 +475,94 @@ func TestRegisterInPlaceMountNamespace(t *testing.T) {
 		t.Errorf("state %q", s)
 	}
 }
+
+// Registrations in place made, read, gone stale and unlinked by several
+// threads and another user at once: registered never exceeds charged,
+// nor charged the budget, while they race, and nothing is left after
+// (no buffer, charge, region, mapping or descriptor of a source).
+func TestRegisterInPlaceRace(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Buffers: "max_pinned = \"64MiB\"", Mount: "allow_other = true"})
+	sh := sharedDir(t, d)
+	fds := func() int {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	fdsBefore := fds()
+	tag := fmt.Sprintf("mrfs-race-%d", os.Getpid())
+
+	stop := make(chan struct{})
+	sampled := make(chan int)
+	go func() {
+		n := 0
+		defer func() { sampled <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			s := readStats(t, d.mnt)
+			if s.RegisteredBytes > s.ChargedBytes || s.ChargedBytes > 64<<20 {
+				t.Errorf("while racing: registered %d, charged %d (budget 64 MiB)", s.RegisteredBytes, s.ChargedBytes)
+			}
+			n++
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Go(func() {
+			for i := range 30 {
+				src := filepath.Join("/dev/shm", fmt.Sprintf("%s-%d-%d", tag, w, i))
+				if err := os.WriteFile(src, make([]byte, 4096*(1+(w+i)%16)), 0o600); err != nil {
+					t.Error(err)
+					return
+				}
+				f := filepath.Join(sh, fmt.Sprintf("r%d-%d", w, i))
+				if err := os.Symlink(src, f); err != nil {
+					t.Errorf("ln -s %s: %v", src, err)
+				} else {
+					if i%3 == 0 {
+						os.Truncate(src, 1<<20) // goes stale: at once, or under the watch
+					}
+					os.ReadFile(f)
+					if err := os.Remove(f); err != nil {
+						t.Errorf("rm %s: %v", f, err)
+					}
+				}
+				os.Remove(src)
+			}
+		})
+	}
+	script := `i=0; while [ $i -lt 30 ]; do s=/dev/shm/$2-u-$i; head -c $((4096*(i%7+1))) /dev/zero >$s || exit 1
+ln -s $s "$1/u$i" || exit 1; [ $((i%3)) = 0 ] && truncate -s 1M $s; cat "$1/u$i" >/dev/null; rm "$1/u$i" || exit 1; rm $s; i=$((i+1)); done`
+	if out, err := asUser(65534, script, sh, tag); err != nil {
+		t.Errorf("uid 65534's registrations in place: %v\n%s", err, out)
+	}
+	wg.Wait()
+	close(stop)
+	if n := <-sampled; n == 0 {
+		t.Errorf("no sample of the stats was taken while racing")
+	}
+
+	deadline := time.Now().Add(5 * time.Second)
+	s := readStats(t, d.mnt)
+	for (s.Buffers != 0 || s.ChargedBytes != 0 || fds() > fdsBefore) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // the kernel's releases are on their way
+		s = readStats(t, d.mnt)
+	}
+	if s.Buffers != 0 || s.ChargedBytes != 0 || s.RegisteredBytes != 0 || s.Regions != 0 {
+		t.Errorf("after the race: buffers %d, charged %d, registered %d, regions %d; want nothing", s.Buffers, s.ChargedBytes, s.RegisteredBytes, s.Regions)
+	}
+	if daemonMaps(t, d, tag) {
+		t.Errorf("the daemon still maps a source after every file went")
+	}
+	if n := fds(); n > fdsBefore {
+		t.Errorf("the daemon holds %d descriptors, %d before: sources leaked", n, fdsBefore)
+	}
+}
