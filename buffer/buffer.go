@@ -62,11 +62,9 @@ type Buffer struct {
 	// release), read under either or atomically.
 	charge atomic.Uint64
 	// slot is set, at creation, for a pool file (slot.go); src for a
-	// file registered in place (inplace.go), which is stale (guarded by
-	// mu) once its source was resized.
-	slot  *slotRef
-	src   Source
-	stale bool
+	// file registered in place (inplace.go).
+	slot *slotRef
+	src  *inPlace
 
 	pageSize atomic.Uint32 // PageSize's answer; 0: not learned since the last registration
 	// busy is set, while mu is held, for a registration that takes a
@@ -310,7 +308,7 @@ func (b *Buffer) stateLocked() State {
 		return Empty
 	case b.regs != nil:
 		return Registered
-	case b.stale:
+	case b.src != nil && b.src.stale:
 		return Stale
 	}
 	return Unregistered

@@ -27,6 +27,13 @@ type Source interface {
 	Writable() bool
 }
 
+// inPlace is a buffer's source; a pointer in Buffer, which most buffers
+// leave nil.
+type inPlace struct {
+	Source
+	stale bool // guarded by the buffer's mu: its source was resized
+}
+
 // SourceInfo is where an in-place buffer's memory comes from.
 type SourceInfo struct {
 	Path, Kind string
@@ -60,7 +67,7 @@ func (m *Manager) RegisterInPlace(d *Domain, src Source, owner uint32, a verbs.A
 	if err != nil {
 		return fail(err)
 	}
-	b := &Buffer{m: m, dom: d, owner: owner, src: src}
+	b := &Buffer{m: m, dom: d, owner: owner, src: &inPlace{Source: src}}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, err := m.reserveBuffer(b, d, owner); err != nil {
@@ -114,7 +121,7 @@ func (m *Manager) watchSources() {
 // syncSourceLocked is Sync for an in-place buffer: a source whose size is
 // no longer the registered one makes the buffer stale.
 func (b *Buffer) syncSourceLocked() error {
-	if b.stale {
+	if b.src.stale {
 		return nil
 	}
 	cur, _, err := b.f.Stat()
@@ -124,7 +131,7 @@ func (b *Buffer) syncSourceLocked() error {
 	if err := b.dropLocked(); err != nil {
 		return fmt.Errorf("deregister the stale registration of %s: %w", b.src.Path(), err)
 	}
-	b.stale, b.reason = true, "source resized"
+	b.src.stale, b.reason = true, "source resized"
 	b.settleFileLocked()
 	b.m.mu.Lock()
 	delete(b.m.sources, b)
