@@ -165,6 +165,26 @@ func faultIn(m []byte) {
 // faultMu guards faultSink for parallel tests.
 var faultMu sync.Mutex
 
+// notShm is a regular file of some size on a filesystem that is neither
+// tmpfs nor hugetlbfs: a file of the test's own directory where that is
+// a disk, else /etc/passwd (the qemu guest's /tmp is a tmpfs, its /etc
+// the host's over 9p).
+func notShm(t *testing.T) string {
+	t.Helper()
+	disk := filepath.Join(t.TempDir(), "disk")
+	if err := os.WriteFile(disk, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{disk, "/etc/passwd"} {
+		var sfs unix.Statfs_t
+		if unix.Statfs(p, &sfs) == nil && sfs.Type != unix.TMPFS_MAGIC && sfs.Type != unix.HUGETLBFS_MAGIC {
+			return p
+		}
+	}
+	t.Fatalf("neither %s nor /etc/passwd is off tmpfs: no file for the case of a disk filesystem", disk)
+	return ""
+}
+
 func errorsIs(err error, e unix.Errno) bool {
 	var got unix.Errno
 	for err != nil {
@@ -335,14 +355,7 @@ func TestRegisterInPlaceOwnership(t *testing.T) {
 	}
 
 	// What no caller may name.
-	disk := filepath.Join(t.TempDir(), "disk")
-	if err := os.WriteFile(disk, make([]byte, 4096), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var sfs unix.Statfs_t
-	if unix.Statfs(disk, &sfs) == nil && sfs.Type == unix.TMPFS_MAGIC {
-		t.Fatalf("%s is on tmpfs here: the disk case needs another directory", disk)
-	}
+	disk := notShm(t)
 	empty, _ := shmSource(t, "empty", 0, 0, 0o600)
 	procLink := filepath.Join("/dev/shm", fmt.Sprintf("mrfs-test-%d-proclink", os.Getpid()))
 	if err := os.Symlink("/proc/self/fd/0", procLink); err != nil {
