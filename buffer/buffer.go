@@ -776,8 +776,8 @@ func (b *Buffer) WriteAt(p []byte, off int64) (int, error) {
 	if b.gone != alive {
 		return 0, fmt.Errorf("write: %w", b.gone.err())
 	}
-	if b.slot != nil {
-		return b.f.WriteAt(p, off)
+	if b.slot != nil || b.src != nil {
+		return b.f.WriteAt(p, off) // what fits; EFBIG past the end
 	}
 	defer b.settleFileLocked()
 	var old uint64

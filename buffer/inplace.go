@@ -90,6 +90,9 @@ func (m *Manager) RegisterInPlace(d *Domain, src Source, owner uint32, a verbs.A
 	return b, nil
 }
 
+// InPlace says whether b is registered in place.
+func (b *Buffer) InPlace() bool { return b.src != nil }
+
 // checkSourceAccess bounds a by what the caller may do to src.
 func checkSourceAccess(src Source, a verbs.Access) error {
 	if a.Writable() && !src.Writable() {
@@ -136,7 +139,7 @@ func (b *Buffer) syncSourceLocked() error {
 	b.m.mu.Lock()
 	delete(b.m.sources, b)
 	b.m.mu.Unlock()
-	b.m.log.Warn("a source registered in place was resized by its owner: deregistered",
+	b.m.log.Warn("a source registered in place was resized (by its owner, or by a write past its end through a zero-copy open): deregistered",
 		"source", b.src.Path(), "registered", bytesize.Format(b.size), "now", bytesize.Format(cur))
 	return nil
 }

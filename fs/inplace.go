@@ -102,6 +102,9 @@ func (n *dirNode) registerAs(ctx context.Context, c tree.Caller, name, target st
 	if fc, ok := fuse.FromContext(ctx); ok {
 		pid = fc.Pid
 	}
+	if err := tree.CheckName(name); err != nil {
+		return err
+	}
 	src, err := source.Open(target, source.Caller{UID: c.UID, GID: c.GID, Groups: c.Groups, PID: pid}, a.Writable())
 	if err != nil {
 		return err

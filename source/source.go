@@ -12,6 +12,7 @@ package source
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"regexp"
 	"runtime"
@@ -37,20 +38,15 @@ type Caller struct {
 // Kinds is what the refusal of another kind of file names.
 const Kinds = "a file of tmpfs (/dev/shm) or hugetlbfs, or a memfd as /proc/PID/fd/N"
 
-// procFd is the one path form that may go through a magic link: a memfd
-// has no other name.
-var procFd = regexp.MustCompile(`^/proc/([0-9]+)/fd/[0-9]+$`)
+// procFd is the memfd's form, the one path that goes through a magic
+// link (a memfd has no other name): /proc/PID/fd/N.
+var procFd = regexp.MustCompile(`^/proc/([0-9]+)/fd/([0-9]+)$`)
 
 // Open opens path for c, read-write when write is set (EACCES when c may
 // not write it), and checks it is shared memory of a size > 0.
 func Open(path string, c Caller, write bool) (*File, error) {
 	if !strings.HasPrefix(path, "/") {
 		return nil, fmt.Errorf("source %q: give an absolute path: %w", path, syscall.EINVAL)
-	}
-	if m := procFd.FindStringSubmatch(path); m != nil {
-		if err := notDaemon(m[1]); err != nil {
-			return nil, fmt.Errorf("source %s: %w", path, err)
-		}
 	}
 	flags := unix.O_RDONLY
 	if write {
@@ -72,26 +68,13 @@ func Open(path string, c Caller, write bool) (*File, error) {
 	return f, nil
 }
 
-// notDaemon refuses the daemon's own descriptors: its opens of other
-// users' buffers. Any other process's the kernel checks (the caller must
-// be allowed to trace it).
-func notDaemon(pid string) error {
-	status, err := os.ReadFile("/proc/" + pid + "/status")
-	if err != nil {
-		return nil // the open fails as the caller sees it
-	}
-	for line := range strings.Lines(string(status)) {
-		if tgid, ok := strings.CutPrefix(line, "Tgid:"); ok && strings.TrimSpace(tgid) == strconv.Itoa(os.Getpid()) {
-			return fmt.Errorf("the daemon's own descriptors are not sources: %w", syscall.EACCES)
-		}
-	}
-	return nil
-}
-
-// openAs opens path on a thread of its own that takes c's credentials
-// (fsuid, fsgid, groups: the ones the kernel's permission checks use).
-// The thread is never given back: it ends with its goroutine, so no other
-// goroutine ever runs with what it took.
+// openAs opens path on a thread of its own that takes c's credentials:
+// fsuid, fsgid and groups (the ones the kernel's permission checks use),
+// and, for a caller other than root, no capability (setfsuid drops only
+// the filesystem ones; CAP_SYS_PTRACE would pass the kernel's check on
+// another process's /proc/PID/fd). The thread is never given back: it
+// ends with its goroutine, so no other goroutine ever runs with what it
+// took.
 func openAs(path string, c Caller, flags int) (int, error) {
 	type result struct {
 		fd  int
@@ -128,20 +111,23 @@ func openOnThread(path string, c Caller, flags int) (int, error) {
 	if got, _, _ := unix.RawSyscall(unix.SYS_SETFSUID, ^uintptr(0), 0, 0); uint32(got) != c.UID {
 		return -1, fmt.Errorf("setfsuid %d did not take: %w", c.UID, syscall.EPERM)
 	}
+	if c.UID != 0 {
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var none [2]unix.CapUserData
+		if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&none[0])), 0); e != 0 {
+			return -1, fmt.Errorf("drop capabilities: %w", e)
+		}
+	}
 	return openIn(path, c.PID, flags)
 }
 
 // openIn opens path as process pid resolves it: from its root, so in its
 // mount namespace and chroot (through /proc/PID/root: the daemon never
-// enters the namespace). The path is walked first (walk), and then opened
-// with no symlink and no magic link on the way. The memfd form
-// /proc/PID/fd/N is the one path that goes through a magic link: notDaemon
-// checked it, and the kernel checks the caller may trace the process.
+// enters the namespace). The file is found by walk (or, for the memfd
+// form, procFile) as an O_PATH descriptor, checked to be shared memory,
+// and only then opened: nothing that blocks or acts on open (a FIFO, a
+// device) is ever opened.
 func openIn(path string, pid uint32, flags int) (int, error) {
-	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOCTTY)}
-	if procFd.MatchString(path) {
-		return unix.Openat2(unix.AT_FDCWD, path, &how)
-	}
 	rootPath := "/"
 	if pid != 0 {
 		rootPath = "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/root"
@@ -151,35 +137,48 @@ func openIn(path string, pid uint32, flags int) (int, error) {
 		return -1, fmt.Errorf("the caller's root (%s): %w", rootPath, err)
 	}
 	defer unix.Close(root)
-	resolved, err := walk(root, path)
+	var target int
+	if m := procFd.FindStringSubmatch(path); m != nil {
+		target, err = procFile(root, m[1], m[2])
+	} else {
+		target, err = walk(root, path)
+	}
 	if err != nil {
 		return -1, err
 	}
-	how.Resolve = inRoot | unix.RESOLVE_NO_SYMLINKS
-	fd, err := unix.Openat2(root, resolved, &how)
-	if err == syscall.ELOOP {
-		return -1, fmt.Errorf("%s changed while it was opened: %w", path, syscall.EAGAIN)
+	defer unix.Close(target)
+	if _, err := kindOf(target); err != nil {
+		return -1, err
 	}
-	return fd, err
+	// Reopening the O_PATH descriptor checks the caller's permission on
+	// the file itself, as an open by its path would.
+	return unix.Open("/proc/self/fd/"+strconv.Itoa(target), flags|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 }
-
-// inRoot resolves below a root fd as the process whose root it is: ".."
-// and absolute links stop at it, and no magic link is followed.
-const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
 
 // maxLinks is the kernel's bound on the symlinks of one path (MAXSYMLINKS).
 const maxLinks = 40
 
-// walk resolves path below root a component at a time, following
-// symlinks itself, and returns it with none left. It refuses to look up
-// anything in a directory of a FUSE filesystem: in this very mount, the
-// request being served holds the lock of the directory where the new
-// name goes, and a lookup there would wait for the daemon forever (and no
-// source is on FUSE). It follows no link of /proc: those are how a path
-// would reach the daemon's own descriptors and mappings (/proc/self/fd,
-// map_files), and a memfd has its own form.
-func walk(root int, path string) (string, error) {
-	var done []string
+// oneStep looks up one name in a directory descriptor: no symlink
+// followed (a trailing one is returned itself), no magic link.
+var oneStep = unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS}
+
+// walk finds path below root a component at a time, each looked up in
+// the descriptor of the directory before it (so a mount made meanwhile
+// on a directory already passed cannot redirect it), following symlinks
+// itself, and returns an O_PATH descriptor of the file. It refuses to
+// look up anything in a directory of a FUSE filesystem: in this very
+// mount, the request being served holds the lock of the directory where
+// the new name goes, and a lookup there would wait for the daemon
+// forever (and no source is on FUSE). It follows no link of /proc: those
+// are how a path would reach the daemon's own descriptors and mappings
+// (/proc/self/fd, map_files); a memfd has its own form.
+func walk(root int, path string) (int, error) {
+	stack := []int{root} // the directories passed; root is the caller's
+	defer func() {
+		for _, fd := range stack[1:] {
+			unix.Close(fd)
+		}
+	}()
 	rest := strings.Split(path, "/")
 	links := 0
 	for len(rest) > 0 {
@@ -189,41 +188,131 @@ func walk(root int, path string) (string, error) {
 		case "", ".":
 			continue
 		case "..":
-			done = done[:max(len(done)-1, 0)]
+			if len(stack) > 1 {
+				unix.Close(stack[len(stack)-1])
+				stack = stack[:len(stack)-1]
+			}
 			continue
 		}
-		if err := notFuse(root, done, path); err != nil {
-			return "", err
+		dir := stack[len(stack)-1]
+		if err := notFuse(dir, path); err != nil {
+			return -1, err
 		}
-		next := "/" + strings.Join(append(done[:len(done):len(done)], c), "/")
-		fd, err := unix.Openat2(root, next, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: inRoot | unix.RESOLVE_NO_SYMLINKS})
+		how := oneStep
+		fd, err := unix.Openat2(dir, c, &how)
 		if err != nil {
-			return "", fmt.Errorf("%s: %w", next, err)
+			return -1, fmt.Errorf("%s: %w", c, err)
 		}
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
 			unix.Close(fd)
-			return "", fmt.Errorf("fstat %s: %w", next, err)
+			return -1, fmt.Errorf("fstat %s: %w", c, err)
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
-			unix.Close(fd)
-			done = append(done, c)
+			stack = append(stack, fd)
 			continue
 		}
-		target, err := readLink(fd, next)
+		target, err := readLink(fd, c)
 		unix.Close(fd)
 		if err != nil {
-			return "", err
+			return -1, err
 		}
 		if links++; links > maxLinks {
-			return "", fmt.Errorf("%s: %w", path, syscall.ELOOP)
+			return -1, fmt.Errorf("%s: %w", path, syscall.ELOOP)
 		}
 		if strings.HasPrefix(target, "/") {
-			done = nil
+			for _, fd := range stack[1:] {
+				unix.Close(fd)
+			}
+			stack = stack[:1]
 		}
 		rest = append(strings.Split(target, "/"), rest...)
 	}
-	return "/" + strings.Join(done, "/"), nil
+	if len(stack) == 1 {
+		return -1, fmt.Errorf("%s is the caller's root directory: %w", path, syscall.EINVAL)
+	}
+	fd := stack[len(stack)-1]
+	stack = stack[:len(stack)-1]
+	return fd, nil
+}
+
+// procFile finds the memfd form /proc/PID/fd/N in the caller's /proc:
+// the file process PID has open as N, through its magic link, which the
+// kernel lets only a caller allowed to trace PID follow. The daemon's own
+// process is refused: its descriptors are other users' buffers, and the
+// kernel lets a process follow its own.
+func procFile(root int, pid, n string) (int, error) {
+	dir, err := walk(root, "/proc/"+pid)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(dir, &sfs); err != nil || sfs.Type != unix.PROC_SUPER_MAGIC {
+		return -1, fmt.Errorf("/proc/%s is not of a proc filesystem: %w", pid, syscall.EINVAL)
+	}
+	if err := notDaemon(dir); err != nil {
+		return -1, err
+	}
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC}
+	return unix.Openat2(dir, "fd/"+n, &how)
+}
+
+// notDaemon refuses /proc/PID (dir, in the caller's /proc) when it is a
+// thread of the daemon's. PIDs differ between namespaces, so it compares
+// the start time of the thread group's leader with the daemon's own: the
+// same moment is the daemon or, at worst, a process started in the same
+// clock tick, which is refused too.
+func notDaemon(dir int) error {
+	status, err := readAt(dir, "status")
+	if err != nil {
+		return err
+	}
+	tgid := ""
+	for line := range strings.Lines(status) {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			tgid = strings.TrimSpace(v)
+		}
+	}
+	theirs, err := readAt(dir, "../"+tgid+"/stat")
+	if err != nil {
+		return err
+	}
+	ours, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return err
+	}
+	if t, o := startTime(theirs), startTime(string(ours)); t == "" || t == o {
+		return fmt.Errorf("the daemon's own descriptors are not sources: %w", syscall.EACCES)
+	}
+	return nil
+}
+
+// readAt reads name below the directory descriptor dir.
+func readAt(dir int, name string) (string, error) {
+	how := unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS}
+	fd, err := unix.Openat2(dir, name, &how)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	return string(b), err
+}
+
+// startTime is field 22 of a /proc/PID/stat line (after the command,
+// which may hold spaces and parentheses): when the process started.
+func startTime(stat string) string {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
 }
 
 // readLink is the target of the symlink fd (an O_PATH descriptor of it),
@@ -244,18 +333,8 @@ func readLink(fd int, name string) (string, error) {
 	return string(buf[:n]), nil
 }
 
-// notFuse refuses to look up anything in the directory done (resolved
-// below root) when it is on FUSE.
-func notFuse(root int, done []string, path string) error {
-	dir := root
-	if len(done) > 0 {
-		fd, err := unix.Openat2(root, "/"+strings.Join(done, "/"), &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: inRoot | unix.RESOLVE_NO_SYMLINKS})
-		if err != nil {
-			return fmt.Errorf("on the way to %s: %w", path, err)
-		}
-		defer unix.Close(fd)
-		dir = fd
-	}
+// notFuse refuses to look up anything in dir when it is on FUSE.
+func notFuse(dir int, path string) error {
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(dir, &sfs); err != nil {
 		return fmt.Errorf("fstatfs on the way to %s: %w", path, err)
@@ -266,15 +345,16 @@ func notFuse(root int, done []string, path string) error {
 	return nil
 }
 
-// check makes a File of fd if it is a regular file of shared memory.
-func check(fd int, path string) (*File, error) {
+// kindOf is "tmpfs" or "hugetlbfs", by the filesystem of fd, which must
+// be a regular file of one of them: memory that stays put while pinned.
+func kindOf(fd int) (string, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fstat: %w", err)
+		return "", fmt.Errorf("fstat: %w", err)
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &sfs); err != nil {
-		return nil, fmt.Errorf("fstatfs: %w", err)
+		return "", fmt.Errorf("fstatfs: %w", err)
 	}
 	kind := ""
 	switch sfs.Type {
@@ -283,14 +363,29 @@ func check(fd int, path string) (*File, error) {
 	case unix.HUGETLBFS_MAGIC:
 		kind = "hugetlbfs"
 	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || kind == "" {
+		return "", fmt.Errorf("not memory that can stay pinned (filesystem 0x%x, mode 0%o); registration in place takes %s: %w", sfs.Type, st.Mode, Kinds, syscall.EINVAL)
+	}
+	return kind, nil
+}
+
+// check makes a File of fd, an open source, if it is shared memory of a
+// size > 0. A memfd (tmpfs or hugetlbfs by its filesystem) is labelled
+// so.
+func check(fd int, path string) (*File, error) {
+	kind, err := kindOf(fd)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Size <= 0 {
+		return nil, fmt.Errorf("the source is empty: give it a size first: %w", syscall.EINVAL)
+	}
 	if link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil && strings.HasPrefix(link, "/memfd:") {
 		kind = "memfd"
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG || kind == "":
-		return nil, fmt.Errorf("not memory that can stay pinned (filesystem 0x%x, mode 0%o); registration in place takes %s: %w", sfs.Type, st.Mode, Kinds, syscall.EINVAL)
-	case st.Size <= 0:
-		return nil, fmt.Errorf("the source is empty: give it a size first: %w", syscall.EINVAL)
 	}
 	return &File{fd: fd, path: path, kind: kind, size: uint64(st.Size)}, nil
 }

@@ -106,6 +106,10 @@ func TestOpenRefuses(t *testing.T) {
 	defer held.Close()
 	selfFd := fmt.Sprintf("/proc/self/fd/%d", held.Fd())
 	empty := mk("empty", 0)
+	fifo := filepath.Join(d, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	os.Symlink(filepath.Join(d, "loop2"), filepath.Join(d, "loop1"))
 	os.Symlink(filepath.Join(d, "loop1"), filepath.Join(d, "loop2"))
 	os.Symlink(selfFd, filepath.Join(d, "proc"))
@@ -120,6 +124,8 @@ func TestOpenRefuses(t *testing.T) {
 		{fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), held.Fd()), syscall.EACCES},
 		{"dev/shm/f", syscall.EINVAL},
 		{empty, syscall.EINVAL},
+		{fifo, syscall.EINVAL}, // refused before an open, which would wait for a writer
+		{"/dev/null", syscall.EINVAL},
 		{d, syscall.EINVAL},
 		{disk, syscall.EINVAL},
 		{filepath.Join(d, "absent"), syscall.ENOENT},

@@ -350,6 +350,31 @@ func TestRegisterInPlaceOwnership(t *testing.T) {
 	if err := run("ln", "-s", own, filepath.Join(sh, "o")); err != nil {
 		t.Errorf("ln -s of uid 65534's own source: %v", err)
 	}
+	// Its registrant may not open it to others.
+	wantExit(run("chmod", "0644", filepath.Join(sh, "r")), unix.EPERM, "chmod 0644 of a file registered in place")
+	if err := run("chmod", "0400", filepath.Join(sh, "o")); err != nil {
+		t.Errorf("chmod 0400 of a file registered in place: %v", err)
+	}
+	// A memfd of a process uid 65534 may not trace (it runs as 65534 with
+	// root kept as its saved uid): the daemon's capabilities do not pass
+	// the kernel's check for 65534.
+	holder := exec.Command("python3", "-c", `import ctypes, os, sys, time
+fd = os.memfd_create("secret"); os.write(fd, b"secret" * 1000)
+os.setresuid(65534, 65534, 0); ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
+print(os.getpid(), fd, flush=True); time.sleep(60)`)
+	hout, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	var hpid, hfd int
+	if _, err := fmt.Fscan(hout, &hpid, &hfd); err != nil {
+		t.Fatalf("the memfd's holder: %v", err)
+	}
+	wantExit(run("ln", "-s", fmt.Sprintf("/proc/%d/fd/%d", hpid, hfd), filepath.Join(sh, "m")), unix.EACCES, "ln -s of a memfd of a process uid 65534 may not trace")
 	if s := readStats(t, d.mnt); s.Users["65534"].Buffers != 2 {
 		t.Errorf("uid 65534 owns %d buffers, want 2 (its registrations in place)", s.Users["65534"].Buffers)
 	}
@@ -431,7 +456,7 @@ func TestRegisterInPlaceStale(t *testing.T) {
 	if err := os.Truncate(grow, 128<<10); err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`resized by its owner.*source=` + regexp.QuoteMeta(grow))
+	re := regexp.MustCompile(`was resized .*source=` + regexp.QuoteMeta(grow))
 	if _, ok := d.waitLog(re, 5*time.Second*slowFactor()); !ok {
 		t.Fatalf("no log of the resized source %s within 5 s", grow)
 	}

@@ -1,6 +1,10 @@
 package tree
 
-import "time"
+import (
+	"fmt"
+	"syscall"
+	"time"
+)
 
 // Meta is the POSIX metadata mrfs keeps for a node; a file's size comes
 // from its buffer.
@@ -47,8 +51,13 @@ func (n *node) SetMeta(c Change) error {
 
 // SetMeta charges the buffer to a new owner first (chown moves the
 // charge): when that uid's quota cannot hold it, EDQUOT and nothing
-// changes.
+// changes. A file registered in place stays its registrant's alone: a
+// mode for its group or others is EPERM (the source's own modes decided
+// who may reach it, and a wider mode would pass that on to any user).
 func (f *File) SetMeta(c Change) error {
+	if c.Mode != nil && *c.Mode&0o077 != 0 && f.buf.InPlace() {
+		return fmt.Errorf("mode 0%o: a file registered in place is for its registrant only (0600 or less): %w", *c.Mode&0o7777, syscall.EPERM)
+	}
 	if c.UID != nil {
 		if err := f.buf.SetOwner(*c.UID); err != nil {
 			return err

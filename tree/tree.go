@@ -366,6 +366,10 @@ func (t *Tree) changed(ns ...Node) {
 	}
 }
 
+// CheckName is what a name in the namespace must be (EINVAL, ENAMETOOLONG
+// otherwise), for callers that must know before they make anything.
+func CheckName(name string) error { return checkName(name) }
+
 // link publishes n under name, unless the name was taken meanwhile.
 func (d *Dir) link(name string, n Node) error {
 	d.t.mu.Lock()
