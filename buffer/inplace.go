@@ -14,9 +14,9 @@ import (
 // A buffer registered in place (b.src set) has as its file memory a
 // client brought (package source): the daemon maps and registers it and
 // never resizes, fills or frees it. Its size is the source's when it was
-// registered; when the source's owner resizes it, the registration no
-// longer matches its pages, and the buffer goes stale: deregistered for
-// good, its charge dropped. The Buffer methods branch here for it.
+// registered; when the source is resized, the registration no longer
+// matches its pages, and the buffer goes stale: deregistered for good,
+// its charge dropped. The Buffer methods branch here for it.
 
 // Source is what RegisterInPlace registers: an open source file.
 type Source interface {
@@ -96,7 +96,7 @@ func (b *Buffer) InPlace() bool { return b.src != nil }
 // checkSourceAccess bounds a by what the caller may do to src.
 func checkSourceAccess(src Source, a verbs.Access) error {
 	if a.Writable() && !src.Writable() {
-		return fmt.Errorf("access %s writes, and %s was registered read-only (its owner's caller may not write it): %w", a, src.Path(), syscall.EACCES)
+		return fmt.Errorf("access %s writes, and %s was registered read-only (its registrant may not write it): %w", a, src.Path(), syscall.EACCES)
 	}
 	return nil
 }

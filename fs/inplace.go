@@ -22,9 +22,7 @@ import (
 // with an access of its own: {"name": ..., "source": ..., "access": ...}.
 const xattrRegister = xattrPrefix + "register"
 
-var (
-	_ = (fusefs.NodeReadlinker)((*bufferNode)(nil))
-)
+var _ = (fusefs.NodeReadlinker)((*bufferNode)(nil))
 
 // Symlink registers target in place as name. What it makes is a buffer
 // file, not a link; but the kernel takes a SYMLINK reply only for a link,
