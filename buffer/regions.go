@@ -8,6 +8,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"mrfs/internal/bytesize"
 	"mrfs/store"
 	"mrfs/verbs"
@@ -84,7 +86,12 @@ func (p *progress) add(n uint64) {
 func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum uint32, base unsafe.Pointer, length, oldLen, newFrom uint64, owner uint32, a verbs.Access, prog *progress) (regions, error) {
 	addr := uintptr(base)
 	what := fmt.Sprintf("register %s in pd %d", bytesize.Format(length), pdNum)
-	if t := m.opt.PopulateThreshold; t > 0 && length >= t && newFrom < length && writableMap(f) {
+	if src, ok := f.(Source); ok {
+		if err := fillSource(src, base, length); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		prog.add(length)
+	} else if t := m.opt.PopulateThreshold; t > 0 && length >= t && newFrom < length {
 		if err := m.populate(ctx, base, newFrom, length, prog); err != nil {
 			return nil, fmt.Errorf("%s: populate: %w", what, m.storeFull(err, length))
 		}
@@ -179,10 +186,22 @@ func interrupted(ctx context.Context) error {
 	return fmt.Errorf("%w (%w)", errInterrupted, ctx.Err())
 }
 
-// writableMap says whether f's mapping takes writes, which population
-// (MADV_POPULATE_WRITE) makes: a source registered read-only is mapped
-// read-only, and pinning faults its pages in.
-func writableMap(f store.File) bool {
-	src, ok := f.(Source)
-	return !ok || src.Writable()
+// fillSource makes every page of a source's mapping at base exist before
+// it is pinned, for writing or (a source registered read-only, mapped
+// so) for reading: a hole in a sparse source takes a page of its own
+// filesystem, which may be full, or have no huge page left. Pinning would
+// then fail with an errno that names neither.
+func fillSource(src Source, base unsafe.Pointer, n uint64) error {
+	advice := unix.MADV_POPULATE_WRITE
+	if !src.Writable() {
+		advice = unix.MADV_POPULATE_READ
+	}
+	_, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(base), uintptr(pageRound(n)), uintptr(advice))
+	switch {
+	case errno == syscall.EFAULT || errno == syscall.ENOMEM:
+		return fmt.Errorf("the pages of the source %s cannot all be made: its filesystem is full, or has no huge page left (madvise: %v): %w", src.Path(), errno, syscall.ENOSPC)
+	case errno != 0:
+		return fmt.Errorf("fill the source %s: %w", src.Path(), errno)
+	}
+	return nil
 }

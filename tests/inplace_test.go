@@ -604,3 +604,31 @@ ln -s $s "$1/u$i" || exit 1; [ $((i%3)) = 0 ] && truncate -s 1M $s; cat "$1/u$i"
 		t.Errorf("the daemon holds %d descriptors, %d before: sources leaked", n, fdsBefore)
 	}
 }
+
+// A sparse source whose own filesystem cannot hold its pages is ENOSPC
+// naming that filesystem, not the store or RLIMIT_MEMLOCK (which is what
+// pinning would have said).
+func TestRegisterInPlaceSourceFull(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	small := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "none", small).CombinedOutput(); err != nil {
+		t.Fatalf("mount a 1 MiB tmpfs: %v %s", err, out)
+	}
+	defer unix.Unmount(small, unix.MNT_DETACH)
+	sparse := filepath.Join(small, "sparse")
+	if err := os.WriteFile(sparse, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, os.Symlink(sparse, d.path("sparse")), unix.ENOSPC, "a sparse 8 MiB source on a 1 MiB tmpfs")
+	re := regexp.MustCompile(`source ` + regexp.QuoteMeta(sparse) + ` cannot all be made: its filesystem is full`)
+	if _, ok := d.waitLog(re, 5*time.Second); !ok {
+		t.Errorf("the log does not say the source's filesystem is full")
+	}
+	if s := readStats(t, d.mnt); s.Buffers != 0 || s.ChargedBytes != 0 {
+		t.Errorf("after the refusal: %d buffers, %d bytes charged", s.Buffers, s.ChargedBytes)
+	}
+}
