@@ -147,7 +147,7 @@ func openIn(path string, pid uint32, flags int) (int, error) {
 		return -1, err
 	}
 	defer unix.Close(target)
-	if _, err := kindOf(target); err != nil {
+	if _, _, err := kindOf(target); err != nil {
 		return -1, err
 	}
 	// Reopening the O_PATH descriptor checks the caller's permission on
@@ -346,15 +346,16 @@ func notFuse(dir int, path string) error {
 }
 
 // kindOf is "tmpfs" or "hugetlbfs", by the filesystem of fd, which must
-// be a regular file of one of them: memory that stays put while pinned.
-func kindOf(fd int) (string, error) {
+// be a regular file of one of them: memory that stays put while pinned;
+// and the file's size.
+func kindOf(fd int) (string, int64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return "", fmt.Errorf("fstat: %w", err)
+		return "", 0, fmt.Errorf("fstat: %w", err)
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &sfs); err != nil {
-		return "", fmt.Errorf("fstatfs: %w", err)
+		return "", 0, fmt.Errorf("fstatfs: %w", err)
 	}
 	kind := ""
 	switch sfs.Type {
@@ -364,30 +365,26 @@ func kindOf(fd int) (string, error) {
 		kind = "hugetlbfs"
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || kind == "" {
-		return "", fmt.Errorf("not memory that can stay pinned (filesystem 0x%x, mode 0%o); registration in place takes %s: %w", sfs.Type, st.Mode, Kinds, syscall.EINVAL)
+		return "", 0, fmt.Errorf("not memory that can stay pinned (filesystem 0x%x, mode 0%o); registration in place takes %s: %w", sfs.Type, st.Mode, Kinds, syscall.EINVAL)
 	}
-	return kind, nil
+	return kind, st.Size, nil
 }
 
 // check makes a File of fd, an open source, if it is shared memory of a
 // size > 0. A memfd (tmpfs or hugetlbfs by its filesystem) is labelled
 // so.
 func check(fd int, path string) (*File, error) {
-	kind, err := kindOf(fd)
+	kind, size, err := kindOf(fd)
 	if err != nil {
 		return nil, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fstat: %w", err)
-	}
-	if st.Size <= 0 {
+	if size <= 0 {
 		return nil, fmt.Errorf("the source is empty: give it a size first: %w", syscall.EINVAL)
 	}
 	if link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil && strings.HasPrefix(link, "/memfd:") {
 		kind = "memfd"
 	}
-	return &File{fd: fd, path: path, kind: kind, size: uint64(st.Size)}, nil
+	return &File{fd: fd, path: path, kind: kind, size: uint64(size)}, nil
 }
 
 // File is an open source: the buffer's file for the buffer layer. It

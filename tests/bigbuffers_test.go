@@ -29,7 +29,13 @@ type descJSON struct {
 	RKey       string `json:"rkey"`
 	State      string `json:"state"`
 	Generation uint64 `json:"generation"`
-	Regions    []struct {
+	PageSize   uint64 `json:"page_size"`
+	// Source is a file registered in place's.
+	Source *struct {
+		Path string `json:"path"`
+		Kind string `json:"kind"`
+	} `json:"source"`
+	Regions []struct {
 		Addr   string `json:"addr"`
 		Length string `json:"length"`
 		LKey   string `json:"lkey"`

@@ -2,7 +2,7 @@ package tests
 
 import (
 	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -42,25 +42,6 @@ func shmSource(t *testing.T, name string, size int, uid int, mode os.FileMode) (
 	return p, data
 }
 
-type sourceDesc struct {
-	State  string `json:"state"`
-	Addr   string `json:"addr"`
-	Length string `json:"length"`
-	Source *struct {
-		Path string `json:"path"`
-		Kind string `json:"kind"`
-	} `json:"source"`
-}
-
-func readSourceDesc(t *testing.T, f string) sourceDesc {
-	t.Helper()
-	var d sourceDesc
-	if err := json.Unmarshal([]byte(mustXattr(t, f, xDesc)), &d); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 // daemonMaps says whether the daemon maps a file whose /proc maps line
 // holds name.
 func daemonMaps(t *testing.T, d *daemon, name string) bool {
@@ -89,10 +70,10 @@ func TestRegisterInPlaceShm(t *testing.T) {
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
 		t.Fatalf("the registered name: %v, %v; want a regular file of %d bytes", fi, err, size)
 	}
-	if _, err := os.Readlink(f); !errorsIs(err, unix.EINVAL) {
+	if _, err := os.Readlink(f); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("readlink of a file registered in place: %v, want EINVAL", err)
 	}
-	desc := readSourceDesc(t, f)
+	desc := readDesc(t, f)
 	if desc.State != "registered in place" || mustXattr(t, f, xState) != "registered in place" {
 		t.Errorf("state %q (desc %q), want \"registered in place\"", mustXattr(t, f, xState), desc.State)
 	}
@@ -185,22 +166,6 @@ func notShm(t *testing.T) string {
 	return ""
 }
 
-func errorsIs(err error, e unix.Errno) bool {
-	var got unix.Errno
-	for err != nil {
-		if x, ok := err.(unix.Errno); ok {
-			got = x
-			break
-		}
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			break
-		}
-		err = u.Unwrap()
-	}
-	return got == e
-}
-
 // A memfd, named as /proc/PID/fd/N by ln -s and by `mrfs register` (whose
 // /proc/self is turned into its pid), is registered with its own pages.
 func TestRegisterInPlaceMemfd(t *testing.T) {
@@ -229,7 +194,7 @@ func TestRegisterInPlaceMemfd(t *testing.T) {
 	if err := os.Symlink(name, f); err != nil {
 		t.Fatalf("ln -s %s: %v", name, err)
 	}
-	if desc := readSourceDesc(t, f); desc.Source == nil || desc.Source.Kind != "memfd" {
+	if desc := readDesc(t, f); desc.Source == nil || desc.Source.Kind != "memfd" {
 		t.Errorf("desc source %+v, want kind memfd", desc.Source)
 	}
 	requireSamePages(t, os.Getpid(), sliceAddr(mm), d.pid(), uintptr(parseHex(t, mustXattr(t, f, xAddr))), size/pageSize)
@@ -291,14 +256,11 @@ func TestRegisterInPlaceHugetlb(t *testing.T) {
 		if err := os.Symlink(c.path, f); err != nil {
 			t.Fatalf("ln -s %s (%s): %v", c.path, c.kind, err)
 		}
-		var desc struct {
-			PageSize uint64 `json:"page_size"`
-		}
-		json.Unmarshal([]byte(mustXattr(t, f, xDesc)), &desc)
+		desc := readDesc(t, f)
 		if desc.PageSize != huge {
 			t.Errorf("%s: page_size %d, want %d", c.kind, desc.PageSize, huge)
 		}
-		if s := readSourceDesc(t, f).Source; s == nil || s.Kind != c.kind {
+		if s := desc.Source; s == nil || s.Kind != c.kind {
 			t.Errorf("%s: desc source %+v", c.kind, s)
 		}
 		requireSamePages(t, os.Getpid(), sliceAddr(mm), d.pid(), uintptr(parseHex(t, mustXattr(t, f, xAddr))), 4)
@@ -463,7 +425,7 @@ func TestRegisterInPlaceStale(t *testing.T) {
 	if s := mustXattr(t, d.path("grow"), xState); s != "stale: source resized" {
 		t.Errorf("state of a file whose source grew: %q", s)
 	}
-	if _, err := getxattr(d.path("grow"), xLkey); !errorsIs(err, unix.ENODATA) {
+	if _, err := getxattr(d.path("grow"), xLkey); !errors.Is(err, unix.ENODATA) {
 		t.Errorf("lkey of a stale file: %v, want ENODATA", err)
 	}
 	// "shrink" is looked at right after its source shrinks.
