@@ -77,7 +77,34 @@ def span(desc, offset, length):
     return parts
 
 
-class SoftPeer:
+class DescOps:
+    """write_desc and read_desc for a peer with write, read and
+    max_message: a range of the buffer a desc names, each part with its
+    region's key (of the regions _regions_of picks), in messages of at
+    most max_message bytes."""
+
+    def _regions_of(self, desc):
+        return desc
+
+    def write_desc(self, desc, offset, data):
+        """WRITE data at offset into the buffer a desc names."""
+        done = 0
+        for iova, rkey, n in span(self._regions_of(desc), offset, len(data)):
+            for at in range(0, n, self.max_message):
+                m = min(self.max_message, n - at)
+                self.write(iova + at, rkey, data[done:done + m])
+                done += m
+
+    def read_desc(self, desc, offset, length):
+        """READ length bytes at offset of the buffer a desc names."""
+        out = bytearray()
+        for iova, rkey, n in span(self._regions_of(desc), offset, length):
+            for at in range(0, n, self.max_message):
+                out += self.read(iova + at, rkey, min(self.max_message, n - at))
+        return bytes(out)
+
+
+class SoftPeer(DescOps):
     """One connection to an mrfs mount's PD over the soft transport.
 
     peer is "HOST:PORT" (the mount's user.mrfs.remote without its
@@ -173,21 +200,3 @@ class SoftPeer:
         if len(body) != 8:
             raise ProtocolError("an atomic's completion carries no old value")
         return struct.unpack(">Q", body)[0]
-
-    def write_desc(self, desc, offset, data):
-        """WRITE data at offset into the buffer a desc names, each part
-        with its region's key, in messages of at most max_message bytes."""
-        done = 0
-        for iova, rkey, n in span(desc, offset, len(data)):
-            for at in range(0, n, self.max_message):
-                m = min(self.max_message, n - at)
-                self.write(iova + at, rkey, data[done:done + m])
-                done += m
-
-    def read_desc(self, desc, offset, length):
-        """READ length bytes at offset of the buffer a desc names."""
-        out = bytearray()
-        for iova, rkey, n in span(desc, offset, length):
-            for at in range(0, n, self.max_message):
-                out += self.read(iova + at, rkey, min(self.max_message, n - at))
-        return bytes(out)

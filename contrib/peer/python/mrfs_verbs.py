@@ -32,7 +32,7 @@ from pyverbs.mr import MR
 from pyverbs.qp import QP, QPCap, QPInitAttr
 from pyverbs.wr import SGE, SendWR
 
-from mrfs_peer import CompletionError, ProtocolError, RefusedError, span  # noqa: F401 (re-exported)
+from mrfs_peer import CompletionError, DescOps, ProtocolError, RefusedError, span  # noqa: F401 (re-exported)
 
 __all__ = ["VerbsPeer", "RefusedError", "CompletionError", "ProtocolError", "span"]
 
@@ -60,7 +60,7 @@ def _refused(data):
     return RefusedError(err, "%s (%s)" % (msg, _errno.errorcode.get(err, err)))
 
 
-class VerbsPeer:
+class VerbsPeer(DescOps):
     """One rdma_cm connection to an mrfs mount's PD.
 
     peer is "HOST:PORT" (the mount's user.mrfs.remote without its
@@ -231,7 +231,7 @@ class VerbsPeer:
     def _old(self):
         return int.from_bytes(self._mr.read(8, 0), sys.byteorder)
 
-    def _desc(self, desc):
+    def _regions_of(self, desc):
         """desc with the regions of this connection's device, when it
         lists several devices' (its "devices")."""
         devices = desc.get("devices")
@@ -241,21 +241,3 @@ class VerbsPeer:
             if d.get("device") == self.device:
                 return dict(desc, regions=d["regions"])
         raise ValueError("the desc has no regions of device %r" % self.device)
-
-    def write_desc(self, desc, offset, data):
-        """WRITE data at offset into the buffer a desc names, each part
-        with its region's key."""
-        done = 0
-        for iova, rkey, n in span(self._desc(desc), offset, len(data)):
-            for at in range(0, n, self.max_message):
-                m = min(self.max_message, n - at)
-                self.write(iova + at, rkey, data[done:done + m])
-                done += m
-
-    def read_desc(self, desc, offset, length):
-        """READ length bytes at offset of the buffer a desc names."""
-        out = bytearray()
-        for iova, rkey, n in span(self._desc(desc), offset, length):
-            for at in range(0, n, self.max_message):
-                out += self.read(iova + at, rkey, min(self.max_message, n - at))
-        return bytes(out)
