@@ -77,11 +77,18 @@ def span(desc, offset, length):
     return parts
 
 
-class DescOps:
-    """write_desc and read_desc for a peer with write, read and
-    max_message: a range of the buffer a desc names, each part with its
-    region's key (of the regions _regions_of picks), in messages of at
-    most max_message bytes."""
+class Peer:
+    """What every peer has on top of its transport's write, read,
+    max_message and close: use as a context manager (closed at its end),
+    and write_desc and read_desc, a range of the buffer a desc names, each
+    part with its region's key (of the regions _regions_of picks), in
+    messages of at most max_message bytes."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _regions_of(self, desc):
         return desc
@@ -104,7 +111,7 @@ class DescOps:
         return bytes(out)
 
 
-class SoftPeer(DescOps):
+class SoftPeer(Peer):
     """One connection to an mrfs mount's PD over the soft transport.
 
     peer is "HOST:PORT" (the mount's user.mrfs.remote without its
@@ -137,12 +144,6 @@ class SoftPeer(DescOps):
         except BaseException:
             self._sock.close()
             raise
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def close(self):
         self._sock.close()

@@ -32,7 +32,7 @@ from pyverbs.mr import MR
 from pyverbs.qp import QP, QPCap, QPInitAttr
 from pyverbs.wr import SGE, SendWR
 
-from mrfs_peer import CompletionError, DescOps, ProtocolError, RefusedError, span  # noqa: F401 (re-exported)
+from mrfs_peer import CompletionError, Peer, ProtocolError, RefusedError, span  # noqa: F401 (re-exported)
 
 __all__ = ["VerbsPeer", "RefusedError", "CompletionError", "ProtocolError", "span"]
 
@@ -60,7 +60,7 @@ def _refused(data):
     return RefusedError(err, "%s (%s)" % (msg, _errno.errorcode.get(err, err)))
 
 
-class VerbsPeer(DescOps):
+class VerbsPeer(Peer):
     """One rdma_cm connection to an mrfs mount's PD.
 
     peer is "HOST:PORT" (the mount's user.mrfs.remote without its
@@ -124,12 +124,6 @@ class VerbsPeer(DescOps):
         except BaseException:
             self.close()
             raise
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def close(self):
         """Disconnects, then frees the QP, the local buffer, the CQ, the
