@@ -273,6 +273,28 @@ func TestUnseenWritesCharged(t *testing.T) {
 	}
 }
 
+// TestMapRecountAmortized: the process's mappings are counted again after
+// 4096 buffer mappings while there are few, and after a sixteenth of them
+// when there are many. Each count reads every line of /proc/self/maps, so
+// a fixed interval made each buffer cost O(buffers): a million of them
+// were made at half the first pace.
+func TestMapRecountAmortized(t *testing.T) {
+	for _, c := range []struct {
+		own, other, since int
+		want              bool
+	}{
+		{1000, 500, 4095, false},
+		{1000, 500, 4096, true},
+		{1_000_000, 1000, 4096, false},
+		{1_000_000, 1000, 62_000, false},
+		{1_000_000, 1000, 62_562, true},
+	} {
+		if got := buffer.MapRecountDue(c.own, c.other, c.since); got != c.want {
+			t.Errorf("%d buffer mappings, %d others, %d made since the last count: recount %v, want %v", c.own, c.other, c.since, got, c.want)
+		}
+	}
+}
+
 // The daemon's mappings are admitted: one past vm.max_map_count's room is
 // ENOSPC naming it, and a freed buffer gives its mapping back.
 func TestMapCountAdmitted(t *testing.T) {

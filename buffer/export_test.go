@@ -121,3 +121,11 @@ func SetZeroSlot(f func([]byte)) (restore func()) {
 	zeroSlot = f
 	return func() { zeroSlot = old }
 }
+
+// MapRecountDue says whether the process's mappings are counted again,
+// far from vm.max_map_count, with own buffer mappings, other mappings at
+// the last count, and since buffer mappings made since.
+func MapRecountDue(own, other, since int) bool {
+	c := mapCount{limit: 1 << 30, own: own, other: other, since: since, countedAt: now()}
+	return c.due(now())
+}

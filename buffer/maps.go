@@ -41,8 +41,13 @@ type mapCount struct {
 
 const (
 	// mapRecount: the other mappings are counted again after this many
-	// buffer mappings, as the runtime grows with the daemon.
-	mapRecount = 4096
+	// buffer mappings, as the runtime grows with the daemon, or after
+	// 1/mapRecountShare of the mappings there are, whichever is more: a
+	// count reads every line of /proc/self/maps (and holds the kernel's
+	// mmap lock meanwhile), so a fixed interval made each buffer cost
+	// O(buffers), and a million of them made at half the first pace.
+	mapRecount      = 4096
+	mapRecountShare = 16
 	// mapNearEvery: within twice the reserve of the limit, they are
 	// counted (and vm.max_map_count read) at most this often.
 	mapNearEvery = time.Second
@@ -79,7 +84,8 @@ func (c *mapCount) due(t time.Time) bool {
 	if c.counting {
 		return false
 	}
-	return c.since >= mapRecount || c.headroom() < c.reserve() && t.Sub(c.countedAt) >= mapNearEvery
+	return c.since >= max(mapRecount, c.usedLocked()/mapRecountShare) ||
+		c.headroom() < c.reserve() && t.Sub(c.countedAt) >= mapNearEvery
 }
 
 // mapFile maps the first n bytes of f for a buffer, if the mapping limit
