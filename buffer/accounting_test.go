@@ -293,6 +293,20 @@ func TestMapRecountAmortized(t *testing.T) {
 			t.Errorf("%d buffer mappings, %d others, %d made since the last count: recount %v, want %v", c.own, c.other, c.since, got, c.want)
 		}
 	}
+	// Near the limit: once a second, and at most a sixteenth of the time.
+	for _, c := range []struct {
+		elapsed, took time.Duration
+		want          bool
+	}{
+		{900 * time.Millisecond, 10 * time.Millisecond, false},
+		{time.Second, 10 * time.Millisecond, true},
+		{time.Second, 500 * time.Millisecond, false},
+		{8 * time.Second, 500 * time.Millisecond, true},
+	} {
+		if got := buffer.MapRecountDueNear(c.elapsed, c.took); got != c.want {
+			t.Errorf("near the limit, %v after a count that took %v: recount %v, want %v", c.elapsed, c.took, got, c.want)
+		}
+	}
 }
 
 // The daemon's mappings are admitted: one past vm.max_map_count's room is

@@ -129,3 +129,11 @@ func MapRecountDue(own, other, since int) bool {
 	c := mapCount{limit: 1 << 30, own: own, other: other, since: since, countedAt: now()}
 	return c.due(now())
 }
+
+// MapRecountDueNear says whether the process's mappings are counted
+// again near vm.max_map_count, elapsed after a count that took took.
+func MapRecountDueNear(elapsed, took time.Duration) bool {
+	t := now()
+	c := mapCount{limit: 1000, own: 990, countedAt: t.Add(-elapsed), took: took}
+	return c.due(t)
+}

@@ -29,12 +29,13 @@ import (
 // Guarded by the Manager's mu (its "the mappings"), but buf while
 // counting, which runs without it.
 type mapCount struct {
-	limit      int       // vm.max_map_count (0: unknown, no check)
-	own        int       // buffers' mappings the manager holds
-	other      int       // the process's other mappings at the last count
-	since      int       // own mappings made since that count
-	countedAt  time.Time // when
-	counting   bool      // a count is under way (it uses buf)
+	limit      int           // vm.max_map_count (0: unknown, no check)
+	own        int           // buffers' mappings the manager holds
+	other      int           // the process's other mappings at the last count
+	since      int           // own mappings made since that count
+	countedAt  time.Time     // when
+	took       time.Duration // and how long that count took
+	counting   bool          // a count is under way (it uses buf)
 	buf        []byte
 	reserveMin int // the reserve when not 0 (Options.MapReserve)
 }
@@ -49,7 +50,8 @@ const (
 	mapRecount      = 4096
 	mapRecountShare = 16
 	// mapNearEvery: within twice the reserve of the limit, they are
-	// counted (and vm.max_map_count read) at most this often.
+	// counted (and vm.max_map_count read) at most this often, and at most
+	// 1/mapRecountShare of the time (a count of a million takes ~0.5 s).
 	mapNearEvery = time.Second
 )
 
@@ -85,7 +87,7 @@ func (c *mapCount) due(t time.Time) bool {
 		return false
 	}
 	return c.since >= max(mapRecount, c.usedLocked()/mapRecountShare) ||
-		c.headroom() < c.reserve() && t.Sub(c.countedAt) >= mapNearEvery
+		c.headroom() < c.reserve() && t.Sub(c.countedAt) >= max(mapNearEvery, mapRecountShare*c.took)
 }
 
 // mapFile maps the first n bytes of f for a buffer, if the mapping limit
@@ -111,12 +113,14 @@ func (m *Manager) reserveMaps(n int) error {
 		m.maps.counting = true
 		own := m.maps.own
 		m.mu.Unlock()
+		start := now()
 		total, err := countMaps(m.maps.buf)
 		limit := maxMapCount()
 		m.mu.Lock()
 		m.maps.counting = false
 		if err == nil {
-			m.maps.other, m.maps.since, m.maps.countedAt = max(total-own, 0), 0, now()
+			t := now()
+			m.maps.other, m.maps.since, m.maps.countedAt, m.maps.took = max(total-own, 0), 0, t, t.Sub(start)
 		}
 		if limit > 0 {
 			m.maps.limit = limit
