@@ -325,6 +325,34 @@ func TestMrfsUmountLazyReturns(t *testing.T) {
 	}
 }
 
+// TestMrfsUmountBusy: `mrfs umount` of a mount with a file open fails,
+// saying to close it or use --lazy, and the mount goes on serving; a file
+// closed while it tries (a holder gone within a moment, such as a child
+// between its fork and its exec) does not fail it.
+func TestMrfsUmountBusy(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	makeBuffer(t, d.path("held"), 4096)
+	f, err := os.Open(d.path("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, errOut, err := run(t, mrfsBin, "umount", d.mnt); err == nil || !strings.Contains(errOut, "--lazy") {
+		t.Fatalf("mrfs umount with a file open: %v, stderr %q; want a failure that names --lazy", err, errOut)
+	}
+	if _, err := os.Stat(d.path("held")); err != nil || d.exited() {
+		t.Fatalf("the mount after a refused unmount: %v (daemon exited: %v)", err, d.exited())
+	}
+	time.AfterFunc(300*time.Millisecond, func() { f.Close() })
+	if out, errOut, err := run(t, mrfsBin, "umount", d.mnt); err != nil {
+		t.Fatalf("mrfs umount while the last open file was closed: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	if code := d.waitExit(); code != 0 {
+		t.Errorf("daemon exit status after mrfs umount = %d, want 0", code)
+	}
+}
+
 // TestDaemonFlagFailures: a failure before the mount is ready comes back
 // from `mrfs mount --daemon` as its status and message; nothing stays.
 func TestDaemonFlagFailures(t *testing.T) {

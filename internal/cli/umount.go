@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os/exec"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,12 +46,22 @@ func cmdUmount(args []string) error {
 	return nil
 }
 
+// busyWait is how long a busy mount is retried before the unmount fails.
+const busyWait = time.Second
+
 func unmount(dir string, lazy bool) error {
 	flags := 0
 	if lazy {
 		flags = unix.MNT_DETACH
 	}
 	err := unix.Unmount(dir, flags)
+	// A file closed a moment ago may still hold the mount: a child of a
+	// process that had it open, between its fork and its exec; the last
+	// command of a script. Such holders go within milliseconds.
+	for deadline := time.Now().Add(busyWait); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		err = unix.Unmount(dir, flags)
+	}
 	if errors.Is(err, unix.EPERM) {
 		// Not root: a user mount is unmounted by the setuid helper.
 		for _, helper := range []string{"fusermount3", "fusermount"} {
@@ -70,7 +81,7 @@ func unmount(dir string, lazy bool) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, unix.EBUSY):
-		return fmt.Errorf("unmount %s: a process still has a file open or mapped; close it, or use --lazy", dir)
+		return fmt.Errorf("unmount %s: a process still has a file open or mapped (for %v); close it, or use --lazy", dir, busyWait)
 	case errors.Is(err, unix.EINVAL):
 		return fmt.Errorf("unmount %s: not a mount point", dir)
 	}
