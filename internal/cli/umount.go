@@ -81,7 +81,7 @@ func unmount(dir string, lazy bool) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, unix.EBUSY):
-		return fmt.Errorf("unmount %s: a process still has a file open or mapped (for %v); close it, or use --lazy", dir, busyWait)
+		return fmt.Errorf("unmount %s: a process still has a file open or mapped (still after %v); close it, or use --lazy", dir, busyWait)
 	case errors.Is(err, unix.EINVAL):
 		return fmt.Errorf("unmount %s: not a mount point", dir)
 	}
