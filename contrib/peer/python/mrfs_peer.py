@@ -77,6 +77,17 @@ def span(desc, offset, length):
     return parts
 
 
+def _target(peer, pd, token):
+    """What every peer's connect takes from its arguments: the host
+    (without an IPv6 address's brackets) and port of "HOST:PORT", the
+    token's 16 bytes, the directory's path in bytes."""
+    host, _, port = peer.rpartition(":")
+    tok = bytes.fromhex(token.strip())
+    if len(tok) != 16:
+        raise ValueError("a token is 32 hex digits")
+    return host.strip("[]"), port, tok, pd.encode()
+
+
 class Peer:
     """What every peer has on top of its transport's write, read,
     max_message and close: use as a context manager (closed at its end),
@@ -121,12 +132,8 @@ class SoftPeer(Peer):
     """
 
     def __init__(self, peer, pd, token, timeout=10.0):
-        host, _, port = peer.rpartition(":")
-        tok = bytes.fromhex(token.strip())
-        if len(tok) != 16:
-            raise ValueError("a token is 32 hex digits")
-        path = pd.encode()
-        self._sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        host, port, tok, path = _target(peer, pd, token)
+        self._sock = socket.create_connection((host, int(port)), timeout=timeout)
         self._wr = 0
         try:
             body = b"MRFS" + struct.pack(">HH", VERSION, len(path)) + tok + path

@@ -32,7 +32,7 @@ from pyverbs.mr import MR
 from pyverbs.qp import QP, QPCap, QPInitAttr
 from pyverbs.wr import SGE, SendWR
 
-from mrfs_peer import CompletionError, Peer, ProtocolError, RefusedError, span  # noqa: F401 (re-exported)
+from mrfs_peer import CompletionError, Peer, ProtocolError, RefusedError, _target, span  # noqa: F401 (re-exported)
 
 __all__ = ["VerbsPeer", "RefusedError", "CompletionError", "ProtocolError", "span"]
 
@@ -75,11 +75,7 @@ class VerbsPeer(Peer):
     """
 
     def __init__(self, peer, pd, token, timeout=10.0):
-        host, _, port = peer.rpartition(":")
-        tok = bytes.fromhex(token.strip())
-        if len(tok) != 16:
-            raise ValueError("a token is 32 hex digits")
-        path = pd.encode()
+        host, port, tok, path = _target(peer, pd, token)
         if len(path) > MAX_PRIVATE - HEADER:
             raise ValueError("directory %r is %d bytes; a connect request carries at most %d"
                              % (pd, len(path), MAX_PRIVATE - HEADER))
@@ -90,7 +86,7 @@ class VerbsPeer(Peer):
         try:
             self._ch = CMEventChannel()
             self._id = CMID(creator=self._ch)
-            self._id.resolve_addr(AddrInfo(dst=host.strip("[]"), dst_service=port, port_space=ce.RDMA_PS_TCP), ms)
+            self._id.resolve_addr(AddrInfo(dst=host, dst_service=port, port_space=ce.RDMA_PS_TCP), ms)
             self._expect(ce.RDMA_CM_EVENT_ADDR_RESOLVED)
             self._id.resolve_route(ms)
             self._expect(ce.RDMA_CM_EVENT_ROUTE_RESOLVED)

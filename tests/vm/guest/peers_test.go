@@ -164,7 +164,7 @@ func (m *peerMount) selftest(t *testing.T, marker string, word uint64, cmd ...st
 	args := append(append([]string{}, cmd[1:]...), m.peer, "/", m.desc("/"))
 	code, out := m.run(t, m.tokenHex(t, "/"), nil, cmd[0], args...)
 	if code != 0 || strings.Contains(out, "FAIL") {
-		t.Fatalf("%s: exit %d", filepath.Base(cmd[len(cmd)-1]), code)
+		t.Fatalf("%s: exit %d", strings.Join(cmd, " "), code)
 	}
 	got, err := os.ReadFile(m.file("/"))
 	if err != nil {
@@ -222,5 +222,5 @@ func TestPythonVerbsPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.peerChecks(t, "Python", "python3", prog)
-	m.selftest(t, "rdma_cm peer in Python", 42, "python3", filepath.Join(src, "contrib/peer/python/selftest_verbs.py"))
+	m.selftest(t, "rdma_cm peer in Python", 42, "python3", filepath.Join(src, "contrib/peer/python/selftest.py"), "--verbs")
 }
