@@ -442,14 +442,9 @@ func (f *File) Allocate(mode uint32, off, length uint64) error {
 // Map maps the source MAP_SHARED: read-write when writable, else
 // read-only (the access given to such a source writes nothing).
 func (f *File) Map(length uint64) (unsafe.Pointer, error) {
-	prot := unix.PROT_READ
-	if f.writable {
-		prot |= unix.PROT_WRITE
-	}
-	n := store.PageRound(length)
-	p, err := unix.MmapPtr(f.fd, 0, nil, uintptr(n), prot, unix.MAP_SHARED)
+	p, err := store.MapFd(f.fd, length, f.writable)
 	if err != nil {
-		return nil, fmt.Errorf("mmap %s of the source %s: %w", bytesize.Format(n), f.path, err)
+		return nil, fmt.Errorf("the source %s: %w", f.path, err)
 	}
 	return p, nil
 }

@@ -88,10 +88,15 @@ var pageSize = uint64(os.Getpagesize())
 // PageRound rounds n up to whole pages.
 func PageRound(n uint64) uint64 { return (n + pageSize - 1) &^ (pageSize - 1) }
 
-// mapFd maps the first length bytes of fd.
-func mapFd(fd int, length uint64) (unsafe.Pointer, error) {
+// MapFd maps the first length bytes of fd shared: read-write when
+// writable, else read-only.
+func MapFd(fd int, length uint64, writable bool) (unsafe.Pointer, error) {
 	n := PageRound(length)
-	p, err := unix.MmapPtr(fd, 0, nil, uintptr(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	p, err := unix.MmapPtr(fd, 0, nil, uintptr(n), prot, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %s: %w", bytesize.Format(n), err)
 	}

@@ -177,7 +177,7 @@ func (f *tmpfsFile) Allocate(mode uint32, off, length uint64) error {
 
 func (f *tmpfsFile) Map(length uint64) (p unsafe.Pointer, err error) {
 	err = f.with(func(fd int) error {
-		p, err = mapFd(fd, length)
+		p, err = MapFd(fd, length, true)
 		return err
 	})
 	return p, err
