@@ -78,11 +78,6 @@ func (n *dirNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.Set
 	return 0
 }
 
-// inode is the FUSE inode a tree node keeps in its Aux slot.
-func inode(c tree.Node) *fusefs.Inode {
-	return c.Aux().(fusefs.InodeEmbedder).EmbeddedInode()
-}
-
 // Lookup answers from the tree, not go-fuse's own children: with entry
 // timeouts of 0 the kernel revalidates names with LOOKUPs that are not
 // serialized against UNLINK and RENAME, and go-fuse's default lookup
@@ -92,24 +87,46 @@ func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	if err != nil {
 		return nil, toErrno(n.fsys.log, "lookup", err)
 	}
-	switch c := c.Aux().(type) {
-	case *bufferNode:
-		c.sync()
-		c.fillEntry(out)
-	case *dirNode:
-		c.fillDirAttr(&out.Attr)
+	switch c := c.(type) {
+	case *tree.File:
+		child := n.fileNode(ctx, name, c)
+		child.sync()
+		child.fillEntry(out)
+		n.fsys.forget.add(c)
+		return &child.Inode, 0
+	default:
+		d := c.(*tree.Dir).Aux().(*dirNode)
+		d.fillDirAttr(&out.Attr)
 		out.SetAttrTimeout(dirAttrTimeout)
 		out.SetEntryTimeout(entryTimeout)
+		return &d.Inode, 0
 	}
-	return inode(c), 0
+}
+
+// fileNode is f's FUSE node: the one go-fuse holds under name, or a new
+// one when the kernel has forgotten the file (forget.go) or never knew
+// it. Two lookups racing to make one end up with the same: go-fuse keeps
+// the first node registered for an inode number.
+func (n *dirNode) fileNode(ctx context.Context, name string, f *tree.File) *bufferNode {
+	if in := n.GetChild(name); in != nil {
+		if b, ok := in.Operations().(*bufferNode); ok && b.f == f {
+			return b
+		}
+	}
+	child := &bufferNode{fsys: n.fsys, f: f}
+	n.NewInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFREG, Ino: f.Ino()})
+	return child
 }
 
 func (n *dirNode) Readdir(ctx context.Context) (fusefs.DirStream, syscall.Errno) {
 	entries := n.dir.Entries()
 	list := make([]fuse.DirEntry, 0, len(entries))
 	for _, e := range entries {
-		in := inode(e.Node)
-		list = append(list, fuse.DirEntry{Name: e.Name, Mode: in.Mode(), Ino: in.StableAttr().Ino})
+		mode := uint32(syscall.S_IFREG)
+		if _, ok := e.Node.(*tree.Dir); ok {
+			mode = syscall.S_IFDIR
+		}
+		list = append(list, fuse.DirEntry{Name: e.Name, Mode: mode, Ino: e.Node.Ino()})
 	}
 	return fusefs.NewListDirStream(list), 0
 }
@@ -122,7 +139,7 @@ func (n *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		fuseFlags uint32
 	)
 	f, err := n.dir.Create(name, owner(fuse.FromContext(ctx)), mode, func(f *tree.File) error {
-		child = newBufferNode(n.fsys, f)
+		child = &bufferNode{fsys: n.fsys, f: f}
 		var err error
 		fh, fuseFlags, err = child.newHandle(flags)
 		return err
@@ -133,8 +150,9 @@ func (n *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		}
 		return nil, nil, 0, toErrno(n.fsys.log, "create "+name, err)
 	}
-	in := n.NewPersistentInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFREG})
+	in := n.NewInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFREG, Ino: f.Ino()})
 	child.fillEntry(out)
+	n.fsys.forget.add(f)
 	n.fsys.log.Debug("created", "name", name, "pd", n.dir.Domain().PD(), "size", f.Buffer().Info().Size)
 	return in, fh, fuseFlags, 0
 }
@@ -147,7 +165,7 @@ func (n *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if err != nil {
 		return nil, toErrno(n.fsys.log, "mkdir "+name, err)
 	}
-	in := n.NewPersistentInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFDIR})
+	in := n.NewPersistentInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFDIR, Ino: sub.Ino()})
 	child.fillDirAttr(&out.Attr)
 	out.SetAttrTimeout(dirAttrTimeout)
 	out.SetEntryTimeout(entryTimeout)

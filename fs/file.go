@@ -15,18 +15,12 @@ import (
 
 // bufferNode is the FUSE inode of a regular file: a registered buffer.
 // Its size is its store file's, learned by buffer.Sync at getattr,
-// getxattr, flush and release.
+// getxattr, flush and release. It lives while the kernel holds the file
+// (go-fuse drops it at the FORGET): the file itself is the tree's.
 type bufferNode struct {
 	fusefs.Inode
 	fsys *filesystem
 	f    *tree.File
-}
-
-// newBufferNode makes f's FUSE node and keeps it in f's Aux slot.
-func newBufferNode(fsys *filesystem, f *tree.File) *bufferNode {
-	n := &bufferNode{fsys: fsys, f: f}
-	f.SetAux(n)
-	return n
 }
 
 var (

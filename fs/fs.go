@@ -40,8 +40,9 @@ type Options struct {
 // filesystem is what every node shares.
 type filesystem struct {
 	Options
-	mgr *buffer.Manager
-	log *slog.Logger
+	mgr    *buffer.Manager
+	log    *slog.Logger
+	forget *forgetter
 }
 
 // fillMeta writes a node's metadata into a FUSE attribute.

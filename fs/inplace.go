@@ -29,10 +29,12 @@ var _ = (fusefs.NodeReadlinker)((*bufferNode)(nil))
 // so the reply is a link node of its own that the kernel may not keep
 // (timeouts 0): the next lookup of name finds the file.
 func (n *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	if err := n.register(ctx, name, target, nil); err != nil {
+	f, err := n.register(ctx, name, target, nil)
+	if err != nil {
 		return nil, toErrno(n.fsys.log, "register "+target+" in place as "+name, err)
 	}
-	link := n.NewInode(ctx, &fusefs.Inode{}, fusefs.StableAttr{Mode: syscall.S_IFLNK})
+	// The link's inode number is the file's: one that no other node has.
+	link := n.NewInode(ctx, &fusefs.Inode{}, fusefs.StableAttr{Mode: syscall.S_IFLNK, Ino: f.Ino()})
 	out.Mode = syscall.S_IFLNK | 0o777
 	out.Size = uint64(len(target))
 	out.SetEntryTimeout(0)
@@ -66,7 +68,7 @@ func (n *dirNode) setRegister(ctx context.Context, data []byte) syscall.Errno {
 		}
 	}
 	if err == nil {
-		err = n.register(ctx, r.Name, r.Source, access)
+		_, err = n.register(ctx, r.Name, r.Source, access)
 	}
 	if err == nil {
 		// The kernel may hold the name as absent (a lookup cached): tell
@@ -81,17 +83,17 @@ func (n *dirNode) setRegister(ctx context.Context, data []byte) syscall.Errno {
 // access asked writes, and makes name of it in n's directory. The file
 // is its caller's alone (0600; 0400 when read-only): the source's pages
 // are as private as the caller keeps them.
-func (n *dirNode) register(ctx context.Context, name, target string, access *verbs.Access) error {
+func (n *dirNode) register(ctx context.Context, name, target string, access *verbs.Access) (*tree.File, error) {
 	c := caller(ctx)
-	err := n.registerAs(ctx, c, name, target, access)
+	f, err := n.registerAs(ctx, c, name, target, access)
 	if err != nil {
 		// The caller's tool sees an errno only: the why is here.
 		n.fsys.log.Info("registration in place refused", "name", name, "source", target, "uid", c.UID, "err", err)
 	}
-	return err
+	return f, err
 }
 
-func (n *dirNode) registerAs(ctx context.Context, c tree.Caller, name, target string, access *verbs.Access) error {
+func (n *dirNode) registerAs(ctx context.Context, c tree.Caller, name, target string, access *verbs.Access) (*tree.File, error) {
 	a := n.dir.Domain().DefaultAccess()
 	if access != nil {
 		a = *access
@@ -101,25 +103,21 @@ func (n *dirNode) registerAs(ctx context.Context, c tree.Caller, name, target st
 		pid = fc.Pid
 	}
 	if err := tree.CheckName(name); err != nil {
-		return err
+		return nil, err
 	}
 	src, err := source.Open(target, source.Caller{UID: c.UID, GID: c.GID, Groups: c.Groups, PID: pid}, a.Writable())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	mode := uint32(0o600)
 	if !a.Writable() {
 		mode = 0o400
 	}
-	var child *bufferNode
-	_, err = n.dir.Register(name, c.Owner, mode, src, access, func(f *tree.File) error {
-		child = newBufferNode(n.fsys, f)
-		return nil
-	})
+	// Its FUSE node is made when the kernel looks the name up.
+	f, err := n.dir.Register(name, c.Owner, mode, src, access, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	n.NewPersistentInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFREG})
 	n.fsys.log.Info("registered in place", "name", name, "source", target, "pd", n.dir.Domain().PD(), "access", a.String())
-	return nil
+	return f, nil
 }

@@ -10,6 +10,8 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"mrfs/tree"
 )
 
 // MountOptions are the kernel-facing choices of a mount.
@@ -46,6 +48,12 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	}
 	fsys := &filesystem{Options: opt, mgr: opt.Tree.Manager(), log: opt.Log}
 	root := newDirNode(fsys, opt.Tree.Root())
+	fsys.forget = newForgetter(func(d *tree.Dir, name string) {
+		// ENOENT: the kernel had let go of the name already.
+		if errno := d.Aux().(*dirNode).NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
+			fsys.log.Debug("drop a name from the kernel", "name", name, "err", errno)
+		}
+	})
 	negative := entryTimeout
 	fsName := mo.FsName
 	if fsName == "" {
@@ -56,9 +64,6 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		NullPermissions: true,
 		// A name that is not there stays absent until this mount makes it.
 		NegativeTimeout: &negative,
-		// Inode numbers count up from 2 (the root is 1) rather than from
-		// go-fuse's 2^63, which a 32-bit stat cannot hold (EOVERFLOW).
-		FirstAutomaticIno: 2,
 		// Attribute timeouts of files stay 0 (each reply sets its own).
 		MountOptions: fuse.MountOptions{
 			FsName:      fsName,
@@ -79,8 +84,13 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	}
 	srv, err := fusefs.Mount(dir, root, options)
 	if err != nil {
+		fsys.forget.stop()
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
+	go func() {
+		srv.Wait()
+		fsys.forget.stop()
+	}()
 	s := &Server{srv: srv, dir: dir}
 	if opt.ZeroCopy {
 		if err := probePassthrough(srv); err != nil {

@@ -15,7 +15,8 @@
 //     set-id bits are never stored.
 //
 // fs/ translates kernel requests into these calls and keeps its FUSE
-// inode in each node's Aux slot; remote/ resolves the directory a peer
+// inode of each directory in the directory's Aux slot (a file's lives
+// only while the kernel holds it); remote/ resolves the directory a peer
 // names with Tree.Domain.
 //
 // # Locking
@@ -91,6 +92,8 @@ type Tree struct {
 	// each with a channel closed when it is done. A map here rather than
 	// a field in every node: few nodes are ever busy at once.
 	busy map[*node]chan struct{}
+
+	lastIno atomic.Uint64 // the inode number given last (the root's is 1)
 }
 
 // Owner is who creates a node.
@@ -107,7 +110,7 @@ func New(mgr *buffer.Manager, opt Options, rootAccess verbs.Access, owner Owner,
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
-	t.root = t.newDir(dom, newMeta(owner, rootMode&0o7777))
+	t.root = t.newDir(dom, newMeta(owner, rootMode&0o7777)) // inode 1
 	return t, nil
 }
 
@@ -119,8 +122,9 @@ func (t *Tree) Manager() *buffer.Manager { return t.mgr }
 
 // Node is a *Dir or a *File.
 type Node interface {
-	// Aux is what the front end stored with SetAux (fs: its FUSE inode).
-	Aux() any
+	// Ino is the node's inode number: fixed for its life, never reused
+	// in the tree's (the root's is 1).
+	Ino() uint64
 	// Meta is a snapshot of the node's metadata.
 	Meta() Meta
 	// SetMeta applies a SETATTR's metadata part; a file's new owner is
@@ -136,7 +140,7 @@ type Node interface {
 type node struct {
 	parent *Dir   // guarded by Tree.mu; nil for the root and once removed
 	name   string // guarded by Tree.mu
-	aux    any    // set once, before the node is published
+	ino    uint64 // immutable
 
 	mu   sync.Mutex // guards: meta
 	meta meta
@@ -144,17 +148,21 @@ type node struct {
 
 func (n *node) base() *node { return n }
 
-// Aux is the front end's slot.
-func (n *node) Aux() any { return n.aux }
+// Ino is the node's inode number.
+func (n *node) Ino() uint64 { return n.ino }
 
-// SetAux stores the front end's object for the node. Call it once,
-// before anyone can look the node up: in the prepare function of Create
-// or Mkdir, or on the root before serving.
-func (n *node) SetAux(v any) { n.aux = v }
+// Aux is the front end's slot.
+func (d *Dir) Aux() any { return d.aux }
+
+// SetAux stores the front end's object for the directory. Call it once,
+// before anyone can look the directory up: in the prepare function of
+// Mkdir, or on the root before serving.
+func (d *Dir) SetAux(v any) { d.aux = v }
 
 // Dir is a directory, and so a protection domain.
 type Dir struct {
 	node
+	aux     any // set once, before the directory is published
 	t       *Tree
 	dom     *buffer.Domain
 	entries map[string]Node // guarded by t.mu
@@ -176,6 +184,7 @@ var (
 
 func (t *Tree) newDir(dom *buffer.Domain, m meta) *Dir {
 	d := &Dir{t: t, dom: dom, entries: map[string]Node{}}
+	d.ino = t.lastIno.Add(1)
 	d.meta = m
 	return d
 }
@@ -210,6 +219,14 @@ func (f *File) Path() (p string, ok bool) {
 		return "", false
 	}
 	return path.Join(dir.Path(), name), true
+}
+
+// Name is f's directory and its name there; dir is nil once f was
+// unlinked.
+func (f *File) Name() (dir *Dir, name string) {
+	f.t.mu.RLock()
+	defer f.t.mu.RUnlock()
+	return f.parent, f.name
 }
 
 // SetAccess re-registers the file's buffer with a (buffer.SetAccess).
@@ -300,8 +317,8 @@ func (d *Dir) Entries() []Entry {
 
 // Create makes a file name in d: a buffer of Options.DefaultSize in d's
 // PD with d's default access, owned by owner, with mode masked by the
-// umask. prepare runs before the file is published (it may SetAux and
-// open the file); if it fails, or name exists by then (EEXIST), the
+// umask. prepare runs before the file is published (it may open the
+// file); if it fails, or name exists by then (EEXIST), the
 // buffer is freed and nothing is left behind.
 func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) error) (*File, error) {
 	return d.add(name, owner, mode, prepare, func() (*buffer.Buffer, error) {
@@ -337,6 +354,7 @@ func (d *Dir) add(name string, owner Owner, mode uint32, prepare func(*File) err
 		return nil, fmt.Errorf("create %q: %w", name, err)
 	}
 	f := &File{buf: buf, t: d.t}
+	f.ino = d.t.lastIno.Add(1)
 	buf.SetAux(f)
 	f.meta = newMeta(owner, d.t.perm(mode))
 	if prepare != nil {

@@ -113,14 +113,16 @@ func TestCreateLookupEntries(t *testing.T) {
 	var prepared *tree.File
 	f, err := root.Create("b", tree.Owner{UID: 1, GID: 2}, 0o4777, func(f *tree.File) error {
 		prepared = f
-		f.SetAux("inode of b")
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if prepared != f || f.Aux() != "inode of b" {
-		t.Errorf("prepare saw %p, Aux %v", prepared, f.Aux())
+	if prepared != f {
+		t.Errorf("prepare saw %p, not the file %p", prepared, f)
+	}
+	if dir, name := f.Name(); dir != root || name != "b" {
+		t.Errorf("Name() = %p %q, want the root's b", dir, name)
 	}
 	if m := f.Meta(); m.Mode != 0o755 || m.UID != 1 || m.GID != 2 {
 		t.Errorf("meta %+v: want mode 0755 (umask 022, no set-id), owner 1:2", m)
@@ -242,6 +244,44 @@ func TestRenameWithinDirectory(t *testing.T) {
 	}
 	if got := names(root); got != "b" {
 		t.Errorf("entries %q", got)
+	}
+}
+
+// Every node has an inode number of its own for its whole life: the
+// root's is 1, and a rename, within a directory or to another, or an
+// unlink and a new file of the same name, never gives one twice.
+func TestInodeNumbers(t *testing.T) {
+	tr := newTree(t, page, 0)
+	root := tr.Root()
+	if root.Ino() != 1 {
+		t.Errorf("root inode %d, want 1", root.Ino())
+	}
+	sub := mkdir(t, root, "d")
+	a := create(t, root, "a")
+	seen := map[uint64]string{1: "/", sub.Ino(): "d"}
+	if _, dup := seen[a.Ino()]; dup {
+		t.Fatalf("a has inode %d, as %s has", a.Ino(), seen[a.Ino()])
+	}
+	seen[a.Ino()] = "a"
+	ino := a.Ino()
+	if err := root.Rename("a", root, "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := root.Rename("b", sub, "c", 0); err != nil {
+		t.Fatal(err)
+	}
+	if a.Ino() != ino {
+		t.Errorf("renamed twice, the file's inode went from %d to %d", ino, a.Ino())
+	}
+	if err := sub.Unlink("c"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		f := create(t, sub, name)
+		if was, dup := seen[f.Ino()]; dup {
+			t.Errorf("new file %s has inode %d, as %s had", name, f.Ino(), was)
+		}
+		seen[f.Ino()] = name
 	}
 }
 
