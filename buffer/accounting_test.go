@@ -273,6 +273,53 @@ func TestUnseenWritesCharged(t *testing.T) {
 	}
 }
 
+// Pages admitted for a fallocate can meet a store that pages clients
+// wrote unseen filled after the admission: what they wrote past their
+// owners' quotas is taken back and the fallocate tried again; a store
+// still full is a refusal that names it, not the store's bare ENOSPC.
+func TestFillMeetsUnseenWrites(t *testing.T) {
+	needTmpfs(t)
+	e := setup(t, buffer.Options{MaxPinned: 8 * page, MaxPinnedPerUser: 4 * page}, 0)
+	a := e.create(t, page)
+	z, err := e.m.Create(e.d, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := outside(t, z)
+	if _, err := f.WriteAt(make([]byte, 5*page), 0); err != nil {
+		t.Fatal(err)
+	}
+	tries := 0
+	err = e.m.Fill(a, page, func() error {
+		if tries++; tries == 1 {
+			return syscall.ENOSPC
+		}
+		return nil
+	})
+	if err != nil || tries != 2 {
+		t.Fatalf("fill after a full store: %v after %d tries, want success at the second", err, tries)
+	}
+	if st, err := f.Stat(); err != nil || st.Size() != 0 {
+		t.Fatalf("the writes past uid 5's quota were not taken back before the second try: size %v, %v", st.Size(), err)
+	}
+	// Now the store is full within every quota: nothing to take back.
+	for uid, n := range map[uint32]int{6: 4, 7: 3} {
+		w, err := e.m.Create(e.d, 0, uid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := outside(t, w).WriteAt(make([]byte, n*page), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tries = 0
+	err = e.m.Fill(a, page, func() error { tries++; return syscall.ENOSPC })
+	errnoIs(t, err, syscall.ENOSPC)
+	if tries != 2 || !strings.Contains(err.Error(), "the store is full") {
+		t.Errorf("a full store: %v after %d tries, want a refusal naming the store after 2", err, tries)
+	}
+}
+
 // TestMapRecountAmortized: the process's mappings are counted again after
 // 4096 buffer mappings while there are few, and after a sixteenth of them
 // when there are many. Each count reads every line of /proc/self/maps, so

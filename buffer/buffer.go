@@ -831,10 +831,10 @@ func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) 
 	if err != nil {
 		return fmt.Errorf("fallocate %d bytes at %d: %w", length, off, err)
 	}
+	var add uint64
 	if mode&unix.FALLOC_FL_PUNCH_HOLE == 0 {
 		_, held, err := b.f.Stat()
 		if err == nil {
-			var add uint64
 			if add, err = b.allocAdds(b.f.Holes, b.size, off, length); err == nil {
 				err = b.m.admit(b, held, add, true)
 			}
@@ -844,7 +844,7 @@ func (b *Buffer) Allocate(ctx context.Context, off, length uint64, mode uint32) 
 			return fmt.Errorf("fallocate %d bytes at %d: %w", length, off, err)
 		}
 	}
-	if err := b.f.Allocate(mode, off, length); err != nil {
+	if err := b.m.fill(b, add, func() error { return b.f.Allocate(mode, off, length) }); err != nil {
 		b.undoGrowLocked(old)
 		return err
 	}

@@ -255,20 +255,21 @@ func (f *Fd) Allocate(ctx context.Context, off, length uint64, mode uint32) erro
 			return slotFile{f.b.slot}.Allocate(mode, off, length)
 		}
 		defer f.settleLocked()
+		var add uint64
 		if mode&unix.FALLOC_FL_PUNCH_HOLE == 0 {
 			size, held, err := f.stat()
 			if err != nil {
 				return err
 			}
-			add, err := f.b.allocAdds(holesOf(f.N), size, off, length)
-			if err != nil {
+			if add, err = f.b.allocAdds(holesOf(f.N), size, off, length); err != nil {
 				return err
 			}
 			if err := f.b.m.admit(f.b, held, add, true); err != nil {
 				return fmt.Errorf("fallocate an unlinked file: %w", err)
 			}
 		}
-		if err := unix.Fallocate(f.N, mode, int64(off), int64(length)); err != nil {
+		err := f.b.m.fill(f.b, add, func() error { return unix.Fallocate(f.N, mode, int64(off), int64(length)) })
+		if err != nil {
 			return fmt.Errorf("fallocate an unlinked file: %w", err)
 		}
 		return nil

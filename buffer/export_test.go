@@ -137,3 +137,11 @@ func MapRecountDueNear(elapsed, took time.Duration) bool {
 	c := mapCount{limit: 1000, own: 990, countedAt: t.Add(-elapsed), took: took}
 	return c.due(t)
 }
+
+// Fill is the manager's fill for b, with its lock held as the fallocate
+// paths hold it.
+func (m *Manager) Fill(b *Buffer, n uint64, fill func() error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return m.fill(b, n, fill)
+}

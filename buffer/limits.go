@@ -250,6 +250,22 @@ func (m *Manager) storeFull(err error, n uint64) error {
 		"value", size, "used", used, "err", err)
 }
 
+// fill makes n bytes of pages admitted for b (a fallocate). The store can
+// have filled since the admission, with pages clients wrote unseen: then
+// what they wrote past their quotas is taken back and fill tried once
+// more, as a registration does, and a store still full is named.
+func (m *Manager) fill(b *Buffer, n uint64, fill func() error) error {
+	err := fill()
+	if n == 0 || !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	m.chargeUnseen(b)
+	if err = fill(); errors.Is(err, syscall.ENOSPC) {
+		return m.storeFull(err, n)
+	}
+	return err
+}
+
 // Reading the memory left (meminfo, the process's cgroup, mountinfo) costs
 // about as much as the rest of a small buffer's registration, so a reading
 // is reused for memoryFresh, less what was admitted since. Within
