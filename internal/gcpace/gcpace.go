@@ -2,13 +2,14 @@
 //
 // The Go runtime lets the heap grow by GOGC percent of what is live before
 // it collects: with the default of 100 a daemon that holds a million
-// buffers keeps as much memory again as headroom, about a kilobyte per
-// buffer. mrfs's heap is mostly long-lived buffer records: Start keeps
-// the headroom at 64 MiB while that is at least a quarter of the live
-// heap, and at a quarter past that, setting the percentage from the live
-// heap once a second. The floor bounds the collector's work: each byte
-// allocated costs at most four bytes marked. (With 64 MiB over a million
-// buffers, a gigabyte, creating buffers ran at half its first pace.)
+// buffers keeps as much memory again as headroom. mrfs's heap is mostly
+// long-lived buffer records: Start keeps the headroom at 64 MiB while that
+// is at least 40% of the live heap (160 MiB), and at 40% past that,
+// setting the percentage from the live heap once a second. The floor
+// bounds the collector's work: each byte allocated costs at most 2.5
+// bytes marked. (With 64 MiB over a million buffers creating them ran at
+// half its first pace; with a quarter, at 0.5 to 0.7 of it; with 40%, at
+// 0.74, for 854 B of the daemon's memory per buffer: docs/BENCHMARKS.md.)
 package gcpace
 
 import (
@@ -25,7 +26,7 @@ import (
 const Headroom = 64 << 20
 
 // MinPercent keeps collections from running back to back on a huge heap.
-const MinPercent = 25
+const MinPercent = 40
 
 // Percent is the GOGC that gives headroom bytes over live bytes, within
 // [MinPercent, 100].

@@ -17,7 +17,7 @@ func TestPercent(t *testing.T) {
 		{0, 64 * mb, 100},
 		{64 * mb, 64 * mb, 100},          // up to the headroom: the runtime's default
 		{128 * mb, 64 * mb, 50},          // twice the headroom: half
-		{200 * mb, 64 * mb, 32},          // 64 MiB over 200 MiB
+		{150 * mb, 64 * mb, 42},          // 64 MiB over 150 MiB
 		{1024 * mb, 64 * mb, MinPercent}, // a million buffers: never below the floor
 	} {
 		if got := Percent(c.live, c.headroom); got != c.want {
@@ -26,10 +26,10 @@ func TestPercent(t *testing.T) {
 	}
 }
 
-// TestStartPaces: with 256 MiB live, Start brings GOGC down to give 64 MiB
+// TestStartPaces: with 128 MiB live, Start brings GOGC down to give 64 MiB
 // of headroom, and a GOGC in the environment is left alone.
 func TestStartPaces(t *testing.T) {
-	live := make([][]byte, 256)
+	live := make([][]byte, 128)
 	for i := range live {
 		live[i] = make([]byte, 1<<20)
 	}
@@ -53,8 +53,8 @@ func TestStartPaces(t *testing.T) {
 	for current() == 100 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if p, want := current(), 25; p < want-3 || p > want+3 {
-		t.Errorf("GOGC is %d with 256 MiB live, want about %d (64 MiB of headroom)", p, want)
+	if p, want := current(), 50; p < want-5 || p > want+5 {
+		t.Errorf("GOGC is %d with 128 MiB live, want about %d (64 MiB of headroom)", p, want)
 	}
 	runtime.KeepAlive(live)
 }
