@@ -245,6 +245,21 @@ func TestAdmissionAtomic(t *testing.T) {
 	}
 }
 
+// writeUnseen makes an empty buffer of uid's and writes n bytes to it
+// through a client's descriptor, unseen by the daemon.
+func writeUnseen(t *testing.T, e *env, uid uint32, n uint64) (*buffer.Buffer, *client) {
+	t.Helper()
+	b, err := e.m.Create(e.d, 0, uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := outside(t, b)
+	if _, err := c.WriteAt(make([]byte, n), 0); err != nil {
+		t.Fatal(err)
+	}
+	return b, c
+}
+
 // Pages a client wrote through its own descriptor, unseen, fill the store:
 // admission looks for them before it refuses, charges them to their
 // owner, and so names the budget (not a mystery in the store).
@@ -252,18 +267,11 @@ func TestUnseenWritesCharged(t *testing.T) {
 	needTmpfs(t)
 	e := setup(t, buffer.Options{MaxPinned: 8 * page}, 0)
 	a := e.create(t, 2*page)
-	z, err := e.m.Create(e.d, 0, 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := outside(t, z)
-	if _, err := f.WriteAt(make([]byte, 5*page), 0); err != nil {
-		t.Fatal(err)
-	}
+	z, _ := writeUnseen(t, e, 5, 5*page)
 	if z.Charged() != 0 {
 		t.Fatal("charged before the daemon looked")
 	}
-	err = a.Resize(context.Background(), 4*page)
+	err := a.Resize(context.Background(), 4*page)
 	errnoIs(t, err, syscall.ENOSPC)
 	if !strings.Contains(err.Error(), "max_pinned") || z.Charged() != 5*page {
 		t.Fatalf("refusal %v; z charged %d", err, z.Charged())
@@ -281,16 +289,9 @@ func TestFillMeetsUnseenWrites(t *testing.T) {
 	needTmpfs(t)
 	e := setup(t, buffer.Options{MaxPinned: 8 * page, MaxPinnedPerUser: 4 * page}, 0)
 	a := e.create(t, page)
-	z, err := e.m.Create(e.d, 0, 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := outside(t, z)
-	if _, err := f.WriteAt(make([]byte, 5*page), 0); err != nil {
-		t.Fatal(err)
-	}
+	_, f := writeUnseen(t, e, 5, 5*page)
 	tries := 0
-	err = e.m.Fill(a, page, func() error {
+	err := e.m.Fill(a, page, func() error {
 		if tries++; tries == 1 {
 			return syscall.ENOSPC
 		}
@@ -303,15 +304,8 @@ func TestFillMeetsUnseenWrites(t *testing.T) {
 		t.Fatalf("the writes past uid 5's quota were not taken back before the second try: size %v, %v", st.Size(), err)
 	}
 	// Now the store is full within every quota: nothing to take back.
-	for uid, n := range map[uint32]int{6: 4, 7: 3} {
-		w, err := e.m.Create(e.d, 0, uid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := outside(t, w).WriteAt(make([]byte, n*page), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeUnseen(t, e, 6, 4*page)
+	writeUnseen(t, e, 7, 3*page)
 	tries = 0
 	err = e.m.Fill(a, page, func() error { tries++; return syscall.ENOSPC })
 	errnoIs(t, err, syscall.ENOSPC)
