@@ -114,8 +114,15 @@ func (n *dirNode) fileNode(ctx context.Context, name string, f *tree.File) *buff
 		}
 	}
 	child := &bufferNode{fsys: n.fsys, f: f}
-	n.NewInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFREG, Ino: f.Ino()})
+	n.newFileInode(ctx, child)
 	return child
+}
+
+// newFileInode gives child its go-fuse inode, under its file's inode
+// number (the tree's: the same each time the kernel is given the file).
+// It is not persistent: go-fuse drops it at the kernel's FORGET.
+func (n *dirNode) newFileInode(ctx context.Context, child *bufferNode) *fusefs.Inode {
+	return n.NewInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFREG, Ino: child.f.Ino()})
 }
 
 func (n *dirNode) Readdir(ctx context.Context) (fusefs.DirStream, syscall.Errno) {
@@ -150,7 +157,7 @@ func (n *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		}
 		return nil, nil, 0, toErrno(n.fsys.log, "create "+name, err)
 	}
-	in := n.NewInode(ctx, child, fusefs.StableAttr{Mode: syscall.S_IFREG, Ino: f.Ino()})
+	in := n.newFileInode(ctx, child)
 	child.fillEntry(out)
 	n.fsys.forget.add(f)
 	n.fsys.log.Debug("created", "name", name, "pd", n.dir.Domain().PD(), "size", f.Buffer().Info().Size)
