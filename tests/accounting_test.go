@@ -269,10 +269,35 @@ func TestOpenUnlinkedCharged(t *testing.T) {
 // though the kernel's RELEASE of the writer's close reaches the daemon
 // only after that close returned: admission waits for it briefly. First
 // with the file removed while still open (so that its release is the
-// daemon's last word on it, every time), then as a shell does it.
+// daemon's last word on it, every time), then as a shell does it. The
+// first round closes the file only once the truncate that needs its room
+// has been asked for, so that a refusal not waiting for the release
+// fails here every time, not only when the RELEASE comes late.
 func TestRemovedFileMakesRoom(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "16MiB"`})
+	f, err := os.OpenFile(d.path("f"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 15<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(d.path("f")); err != nil {
+		t.Fatal(err)
+	}
+	makeBuffer(t, d.path("g"), 0)
+	closed := time.AfterFunc(200*time.Millisecond, func() { f.Close() })
+	if err := os.Truncate(d.path("g"), 5<<20); err != nil {
+		t.Errorf("truncate while the removed file was being closed: %v", err)
+	}
+	if closed.Stop() {
+		t.Error("the truncate returned before the removed file's close")
+		f.Close()
+	}
+	if err := os.Remove(d.path("g")); err != nil {
+		t.Fatal(err)
+	}
 	for range 5 {
 		f, err := os.OpenFile(d.path("f"), os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
