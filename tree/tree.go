@@ -284,7 +284,9 @@ func checkName(name string) error {
 }
 
 // Lookup finds name in d: ENOENT when there is none, ENAMETOOLONG for a
-// name no entry can have (every call on a path looks it up first).
+// name no entry can have (every call on a path looks it up first). The
+// ENOENT is bare: the kernel asks it before every create of a new name,
+// and a wrapped one would be garbage for each.
 func (d *Dir) Lookup(name string) (Node, error) {
 	if len(name) > MaxNameLen {
 		return nil, fmt.Errorf("name of %d bytes (NAME_MAX is %d): %w", len(name), MaxNameLen, syscall.ENAMETOOLONG)
@@ -294,7 +296,7 @@ func (d *Dir) Lookup(name string) (Node, error) {
 	if n := d.entries[name]; n != nil {
 		return n, nil
 	}
-	return nil, fmt.Errorf("%q: %w", name, syscall.ENOENT)
+	return nil, syscall.ENOENT
 }
 
 // Entry is one name of a directory listing.
