@@ -9,7 +9,9 @@
 // bounds the collector's work: each byte allocated costs at most 2.5
 // bytes marked. (With 64 MiB over a million buffers creating them ran at
 // half its first pace; with a quarter, at 0.5 to 0.7 of it; with 40%, at
-// 0.74, for 854 B of the daemon's memory per buffer: docs/BENCHMARKS.md.)
+// 0.88 of the first tenth's over the last tenth, for 830 to 880 B of the
+// daemon's memory per buffer; 50% bought nothing measurable:
+// docs/BENCHMARKS.md.)
 package gcpace
 
 import (
