@@ -276,29 +276,9 @@ func TestOpenUnlinkedCharged(t *testing.T) {
 func TestRemovedFileMakesRoom(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "16MiB"`})
-	f, err := os.OpenFile(d.path("f"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(make([]byte, 15<<20)); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(d.path("f")); err != nil {
-		t.Fatal(err)
-	}
-	makeBuffer(t, d.path("g"), 0)
-	closed := time.AfterFunc(200*time.Millisecond, func() { f.Close() })
-	if err := os.Truncate(d.path("g"), 5<<20); err != nil {
-		t.Errorf("truncate while the removed file was being closed: %v", err)
-	}
-	if closed.Stop() {
-		t.Error("the truncate returned before the removed file's close")
-		f.Close()
-	}
-	if err := os.Remove(d.path("g")); err != nil {
-		t.Fatal(err)
-	}
-	for range 5 {
+	// removedWhileOpen fills the budget through f, removes f and returns
+	// it still open.
+	removedWhileOpen := func() *os.File {
 		f, err := os.OpenFile(d.path("f"), os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			t.Fatal(err)
@@ -309,11 +289,28 @@ func TestRemovedFileMakesRoom(t *testing.T) {
 		if err := os.Remove(d.path("f")); err != nil {
 			t.Fatal(err)
 		}
-		f.Close()
-		makeBuffer(t, d.path("g"), 5<<20) // right after the close
+		return f
+	}
+	removeG := func() {
 		if err := os.Remove(d.path("g")); err != nil {
 			t.Fatal(err)
 		}
+	}
+	f := removedWhileOpen()
+	makeBuffer(t, d.path("g"), 0)
+	closed := time.AfterFunc(200*time.Millisecond, func() { f.Close() })
+	if err := os.Truncate(d.path("g"), 5<<20); err != nil {
+		t.Errorf("truncate while the removed file was being closed: %v", err)
+	}
+	if closed.Stop() {
+		t.Error("the truncate returned before the removed file's close")
+		f.Close()
+	}
+	removeG()
+	for range 5 {
+		removedWhileOpen().Close()
+		makeBuffer(t, d.path("g"), 5<<20) // right after the close
+		removeG()
 	}
 	script := `
 set -u
