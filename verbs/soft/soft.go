@@ -140,5 +140,5 @@ func (p *provider) Open(name string) (verbs.Device, error) {
 	for i, d := range here {
 		names[i] = d.name
 	}
-	return nil, fmt.Errorf("open device %q: soft has only %s: %w", name, strings.Join(names, ", "), syscall.ENODEV)
+	return nil, fmt.Errorf("open device %q: soft has only %s (verbs.soft_devices sets how many it has): %w", name, strings.Join(names, ", "), syscall.ENODEV)
 }

@@ -535,3 +535,17 @@ func BenchmarkRegDereg4K(b *testing.B) {
 		}
 	}
 }
+
+// Asking for a device past the ones there are names the setting that
+// makes more (a user listing soft0 and soft1 in verbs.devices).
+func TestOpenMissingNamesSetting(t *testing.T) {
+	_, err := New(Options{}).Open("soft1")
+	if err == nil || !strings.Contains(err.Error(), "soft has only soft0") || !strings.Contains(err.Error(), "verbs.soft_devices") {
+		t.Fatalf("opening soft1 of one device: %v", err)
+	}
+	dev, err := New(Options{Devices: 2}).Open("soft1")
+	if err != nil {
+		t.Fatalf("soft1 of two devices: %v", err)
+	}
+	dev.Close()
+}
