@@ -344,7 +344,7 @@ func startEtcd(t *testing.T) string {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Fatalf("no etcd (Debian's etcd-server; bash scripts/test installs it on the host): %v", err)
+		t.Fatalf("no etcd (Debian's etcd-server; bash tests/vm/run installs it on the host): %v", err)
 	}
 	const client, peer = "http://127.0.0.1:23791", "http://127.0.0.1:23801"
 	var out syncBuffer
