@@ -9,13 +9,17 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"regexp"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"mrfs/remote/client"
 	"mrfs/remote/proto"
@@ -24,7 +28,7 @@ import (
 // TestHostilePeersAdmission (issue 19): a legitimate peer (the right
 // token, from 127.0.0.1) connects, WRITEs and READs back again and
 // again, and is never refused, while hostile peers of other networks of
-// 127.0.0.0/8 send first frames that are not a HELLO (16 WRITEs
+// 127.0.0.0/8 (each a local user of its own: dialFrom) send first frames that are not a HELLO (16 WRITEs
 // announcing 16 MiB, which must not grow the daemon by their size), hold
 // 64 idle sockets renewed every remote.timeout, and make 10,000 token
 // guesses from rotating addresses of 100 /24s: no guess gets in, and
@@ -195,13 +199,14 @@ func TestHostilePeersAdmission(t *testing.T) {
 	// legitimate peer's.
 	log := d.stderr.String()
 	blocked := map[string]bool{}
-	for _, m := range regexp.MustCompile(`level=WARN msg="remote: refusing a source whose attempts keep failing" peer=\S+ network=(\S+)`).FindAllStringSubmatch(log, -1) {
+	for _, m := range regexp.MustCompile(`level=WARN msg="remote: refusing a source whose attempts keep failing" peer=\S+ uid=(\d+)`).FindAllStringSubmatch(log, -1) {
 		blocked[m[1]] = true
 	}
+	named := func(src string) bool { return blocked[fmt.Sprint(hostileUID(src))] }
 	var unnamed []string
 	for n := range networks {
-		if name := fmt.Sprintf("127.50.%d.0/24", n); !blocked[name] {
-			unnamed = append(unnamed, name)
+		if src := fmt.Sprintf("127.50.%d.1", n); !named(src) {
+			unnamed = append(unnamed, src)
 		}
 	}
 	if len(unnamed) > 0 {
@@ -209,12 +214,12 @@ func TestHostilePeersAdmission(t *testing.T) {
 	}
 	idlers := 0
 	for n := range 64 {
-		if blocked[fmt.Sprintf("127.20.%d.0/24", n)] {
+		if named(fmt.Sprintf("127.20.%d.1", n)) {
 			idlers++
 		}
 	}
 	t.Logf("%d networks named refused, %d of them of idle sockets", len(blocked), idlers)
-	if blocked["127.0.0.0/24"] {
+	if blocked["0"] {
 		t.Error("the legitimate peer's network was refused")
 	}
 }
@@ -244,10 +249,23 @@ func legitRound(peer string, tok [16]byte, addr uint64, key uint32, i uint64) er
 	return nil
 }
 
-// dialFrom connects to peer from the loopback address src.
+// dialFrom connects to peer from the loopback address src, with a socket
+// owned by hostileUID(src): the daemon counts a local peer's failures by
+// the uid that owns its socket, so each network of 127.0.0.0/8 that
+// stands for another host here is a user of its own.
 func dialFrom(peer, src string) (net.Conn, error) {
+	runtime.LockOSThread() // the socket takes the thread's fsuid
+	defer runtime.UnlockOSThread()
+	unix.RawSyscall(unix.SYS_SETFSUID, uintptr(hostileUID(src)), 0, 0)
+	defer unix.RawSyscall(unix.SYS_SETFSUID, 0, 0, 0)
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 20 * time.Second}
 	return d.Dial("tcp", peer)
+}
+
+// hostileUID is the uid that stands for src's /24 of 127.0.0.0/8.
+func hostileUID(src string) uint32 {
+	a := netip.MustParseAddr(src).As4()
+	return 200000 + uint32(a[1])<<8 + uint32(a[2])
 }
 
 // hostileSend sends first from src and reads what the daemon answers

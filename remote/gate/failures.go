@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"fmt"
 	"net/netip"
 	"sync"
 	"time"
@@ -16,7 +17,10 @@ import (
 // is 128 random bits, so this is for the rkeys and names behind it and
 // for the log: nobody guesses quietly. Counting networks rather than
 // addresses matters because one host may own many: every user of a
-// machine owns 127.0.0.0/8, 16 million addresses.
+// machine owns 127.0.0.0/8, 16 million addresses. So a connection from
+// this machine whose owner the transport learns (Peer.HasUID) counts by
+// that uid instead: one local user's bad tokens do not lock out every
+// other local peer.
 //
 // The table never forgets a network that is refused or has failed within
 // the window to make room for another; when it holds nothing else, a
@@ -42,7 +46,7 @@ type failures struct {
 	epoch         time.Time
 
 	mu      sync.Mutex // guards: sources, oldest, newest, fullWarned, warnedFull and every source
-	sources map[netip.Prefix]*source
+	sources map[sourceKey]*source
 	// oldest and newest end the list of sources by their last failure:
 	// oldest is the one the table may forget first.
 	oldest, newest *source
@@ -54,9 +58,24 @@ type failures struct {
 // bytes where a time.Time takes 24, for a table of 65536 entries.
 type tick int64
 
+// sourceKey is what failures count by: a network, or a local uid.
+type sourceKey struct {
+	net   netip.Prefix // zero for a uid
+	uid   uint32
+	byUID bool
+}
+
+// String names the source for the log and the peer.
+func (k sourceKey) String() string {
+	if k.byUID {
+		return fmt.Sprintf("uid %d on this machine", k.uid)
+	}
+	return k.net.String()
+}
+
 // source is what is remembered of one network.
 type source struct {
-	net           netip.Prefix
+	net           sourceKey
 	older, newer  *source
 	recent        []tick // its failures within the window, oldest first
 	until, warned tick   // refused until then, if blocked; when the log last said so, if warnedOnce
@@ -70,12 +89,12 @@ type verdict struct {
 	// warn: say so at warn now (rate-limited); full: refused because the
 	// table has no room for its network.
 	warn, full bool
-	net        netip.Prefix
+	net        sourceKey
 }
 
 func newFailures(p Policy) *failures {
 	f := &failures{limit: p.FailLimit, window: p.FailWindow, block: p.FailBlock, v4: p.FailPrefixV4, v6: p.FailPrefixV6,
-		max: maxSources, epoch: time.Now(), sources: map[netip.Prefix]*source{}}
+		max: maxSources, epoch: time.Now(), sources: map[sourceKey]*source{}}
 	if f.limit == 0 {
 		f.limit = failLimit
 	}
@@ -94,27 +113,31 @@ func newFailures(p Policy) *failures {
 	return f
 }
 
-// network is the source network addr counts in; an IPv4-mapped IPv6
-// address counts as the IPv4 address it is.
-func (f *failures) network(addr netip.Addr) netip.Prefix {
-	addr = addr.Unmap()
+// network is what peer counts in: its uid for a local peer whose owner
+// is known, else its source network (an IPv4-mapped IPv6 address counts
+// as the IPv4 address it is).
+func (f *failures) network(peer Peer) sourceKey {
+	if peer.HasUID {
+		return sourceKey{uid: peer.UID, byUID: true}
+	}
+	addr := peer.Addr.Unmap()
 	bits := f.v6
 	if addr.Is4() {
 		bits = f.v4
 	}
 	p, _ := addr.Prefix(bits) // bits fit; the zero Addr gives the zero Prefix
-	return p
+	return sourceKey{net: p}
 }
 
 func (f *failures) tick(now time.Time) tick { return tick(now.Sub(f.epoch)) }
 
-// failed records a failure of addr at now and says whether its network
+// failed records a failure of peer at now and says whether its source
 // is refused from now on.
-func (f *failures) failed(addr netip.Addr, now time.Time) verdict {
+func (f *failures) failed(peer Peer, now time.Time) verdict {
 	if f.limit < 0 {
 		return verdict{} // the rule is off
 	}
-	n, t := f.network(addr), f.tick(now)
+	n, t := f.network(peer), f.tick(now)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.sources[n]
@@ -142,12 +165,12 @@ func (f *failures) failed(addr netip.Addr, now time.Time) verdict {
 	return f.verdictLocked(s, t)
 }
 
-// refused says whether addr's network is refused at now.
-func (f *failures) refused(addr netip.Addr, now time.Time) verdict {
+// refused says whether peer's source is refused at now.
+func (f *failures) refused(peer Peer, now time.Time) verdict {
 	if f.limit < 0 {
 		return verdict{}
 	}
-	n, t := f.network(addr), f.tick(now)
+	n, t := f.network(peer), f.tick(now)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.sources[n]
@@ -174,7 +197,7 @@ func (f *failures) verdictLocked(s *source, t tick) verdict {
 
 // fullLocked is the verdict on network n that the table has no room for:
 // refused, and said at warn once a minute for all such networks.
-func (f *failures) fullLocked(n netip.Prefix, t tick) verdict {
+func (f *failures) fullLocked(n sourceKey, t tick) verdict {
 	v := verdict{refused: true, full: true, net: n}
 	if !f.warnedFull || t-f.fullWarned >= tick(time.Minute) {
 		f.fullWarned, f.warnedFull, v.warn = t, true, true

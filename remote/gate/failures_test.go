@@ -23,19 +23,19 @@ func TestGateRefusesASourceThatKeepsFailing(t *testing.T) {
 		FailLimit: 3, FailBlock: 300 * time.Millisecond}, slog.New(slog.NewTextHandler(&log, nil)))
 	bad, neighbour, good := netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.1.10")
 	admit := func(peer netip.Addr) error {
-		a, err := g.Admit(peer, nil)
+		a, err := g.Admit(peerAt(peer), nil)
 		if err == nil {
 			a.Done()
 		}
 		return err
 	}
 	for i := range 2 {
-		g.Failed(bad, "token")
+		g.Failed(peerAt(bad), "token")
 		if err := admit(bad); err != nil {
 			t.Fatalf("after %d failures: %v", i+1, err)
 		}
 	}
-	g.Failed(bad, "token")
+	g.Failed(peerAt(bad), "token")
 	blocked := time.Now()
 	for _, peer := range []netip.Addr{bad, neighbour, bad} {
 		if err := admit(peer); !errors.Is(err, syscall.EACCES) || !strings.Contains(err.Error(), "10.0.0.0/24") {
@@ -59,12 +59,12 @@ func TestFailuresWindow(t *testing.T) {
 	f := newFailures(Policy{FailLimit: 3, FailWindow: time.Minute})
 	a := netip.MustParseAddr("10.0.0.1")
 	t0 := time.Now()
-	f.failed(a, t0)
-	f.failed(a, t0.Add(30*time.Second))
-	if f.failed(a, t0.Add(61*time.Second)).refused {
+	f.failed(peerAt(a), t0)
+	f.failed(peerAt(a), t0.Add(30*time.Second))
+	if f.failed(peerAt(a), t0.Add(61*time.Second)).refused {
 		t.Error("refused for failures spread over more than the window")
 	}
-	if !f.failed(a, t0.Add(62*time.Second)).refused {
+	if !f.failed(peerAt(a), t0.Add(62*time.Second)).refused {
 		t.Error("not refused for 3 failures within the window")
 	}
 }
@@ -91,15 +91,15 @@ func TestFailuresPerNetwork(t *testing.T) {
 		f := newFailures(Policy{FailLimit: len(c.fail), FailPrefixV4: c.v4, FailPrefixV6: c.v6})
 		now := time.Now()
 		for _, a := range c.fail {
-			f.failed(addr(a), now)
+			f.failed(peerAt(addr(a)), now)
 		}
 		for _, a := range c.refused {
-			if !f.refused(addr(a), now).refused {
+			if !f.refused(peerAt(addr(a)), now).refused {
 				t.Errorf("%s: %s not refused", c.name, a)
 			}
 		}
 		for _, a := range c.notRefused {
-			if f.refused(addr(a), now).refused {
+			if f.refused(peerAt(addr(a)), now).refused {
 				t.Errorf("%s: %s refused", c.name, a)
 			}
 		}
@@ -117,35 +117,35 @@ func TestFailuresNeverForgetARefusedNetwork(t *testing.T) {
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	// Networks 0 and 1 refused, network 2 with one failure.
 	for _, i := range []int{0, 0, 1, 1, 2} {
-		f.failed(n(i), t0)
+		f.failed(peerAt(n(i)), t0)
 	}
-	if v := f.failed(n(3), at(time.Second)); !v.refused || !v.full || !v.warn {
+	if v := f.failed(peerAt(n(3)), at(time.Second)); !v.refused || !v.full || !v.warn {
 		t.Errorf("a new network's failure with the table full of refused and failing ones: %+v, want refused (full, warn)", v)
 	}
-	if v := f.refused(n(4), at(2*time.Second)); !v.refused || !v.full || v.warn {
+	if v := f.refused(peerAt(n(4)), at(2*time.Second)); !v.refused || !v.full || v.warn {
 		t.Errorf("a network the full table has no entry for: %+v, want refused (full, warned already)", v)
 	}
 	for _, i := range []int{0, 1} {
-		if !f.refused(n(i), at(3*time.Second)).refused {
+		if !f.refused(peerAt(n(i)), at(3*time.Second)).refused {
 			t.Errorf("network %d forgotten to make room", i)
 		}
 	}
 	// Past the window network 2 is quiet, but 0 and 1 are refused until
 	// t0+2m: the oldest, 0, may not go, so the table stays closed.
-	if v := f.failed(n(3), at(90*time.Second)); !v.refused || !v.full {
+	if v := f.failed(peerAt(n(3)), at(90*time.Second)); !v.refused || !v.full {
 		t.Errorf("while the oldest network is still refused: %+v, want refused (full)", v)
 	}
 	// Past the block every one is forgettable: the oldest goes first.
-	if v := f.failed(n(3), at(121*time.Second)); v.refused {
+	if v := f.failed(peerAt(n(3)), at(121*time.Second)); v.refused {
 		t.Errorf("a new network's first failure once room can be made: %+v, want counted, not refused", v)
 	}
-	if _, ok := f.sources[f.network(n(0))]; ok {
+	if _, ok := f.sources[f.network(peerAt(n(0)))]; ok {
 		t.Error("the oldest network was not the one forgotten")
 	}
-	if f.refused(n(4), at(122*time.Second)).refused {
+	if f.refused(peerAt(n(4)), at(122*time.Second)).refused {
 		t.Error("a network with no failures refused once the table has room to make")
 	}
-	if v := f.refused(n(0), at(122*time.Second)); v.refused {
+	if v := f.refused(peerAt(n(0)), at(122*time.Second)); v.refused {
 		t.Errorf("a forgotten network after its block: %+v", v)
 	}
 }
@@ -157,15 +157,15 @@ func TestGateFullTable(t *testing.T) {
 	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, MaxConns: 8, FailLimit: 5},
 		slog.New(slog.NewTextHandler(&log, nil)))
 	g.fails.max = 2
-	g.Failed(netip.MustParseAddr("10.0.0.1"), "token")
-	g.Failed(netip.MustParseAddr("10.0.1.1"), "directory")
-	g.Failed(netip.MustParseAddr("10.0.2.1"), "hello")
+	g.Failed(peerAt(netip.MustParseAddr("10.0.0.1")), "token")
+	g.Failed(peerAt(netip.MustParseAddr("10.0.1.1")), "directory")
+	g.Failed(peerAt(netip.MustParseAddr("10.0.2.1")), "hello")
 	for _, p := range []string{"10.0.3.1", "10.0.4.1"} {
-		if _, err := g.Admit(netip.MustParseAddr(p), nil); !errors.Is(err, syscall.EACCES) || !strings.Contains(err.Error(), p[:len(p)-1]+"0/24") {
+		if _, err := g.Admit(peerAt(netip.MustParseAddr(p)), nil); !errors.Is(err, syscall.EACCES) || !strings.Contains(err.Error(), p[:len(p)-1]+"0/24") {
 			t.Errorf("%s with the table full: %v, want EACCES naming its network", p, err)
 		}
 	}
-	if _, err := g.Admit(netip.MustParseAddr("10.0.1.7"), nil); err != nil {
+	if _, err := g.Admit(peerAt(netip.MustParseAddr("10.0.1.7")), nil); err != nil {
 		t.Errorf("a network in the table, not refused: %v", err)
 	}
 	if n := strings.Count(log.String(), "too many failing networks"); n != 1 || !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "network=10.0.2.0/24") {
@@ -186,7 +186,7 @@ func TestFailuresTableHoldsLoopback(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for i := range 1 << 16 {
-		if v := f.failed(netip.AddrFrom4([4]byte{127, byte(i >> 8), byte(i), 1}), now); v.refused {
+		if v := f.failed(peerAt(netip.AddrFrom4([4]byte{127, byte(i >> 8), byte(i), 1})), now); v.refused {
 			t.Fatalf("127.%d.%d.1: %+v after one failure", i>>8, i&0xff, v)
 		}
 	}
@@ -197,10 +197,10 @@ func TestFailuresTableHoldsLoopback(t *testing.T) {
 	if per > 256 {
 		t.Errorf("%.0f bytes per network; want at most 256 (16 MiB for the table)", per)
 	}
-	if v := f.refused(netip.MustParseAddr("127.255.255.254"), now); v.refused {
+	if v := f.refused(peerAt(netip.MustParseAddr("127.255.255.254")), now); v.refused {
 		t.Errorf("a network of the table refused: %+v", v)
 	}
-	if v := f.failed(netip.MustParseAddr("10.0.0.1"), now); !v.refused || !v.full {
+	if v := f.failed(peerAt(netip.MustParseAddr("10.0.0.1")), now); !v.refused || !v.full {
 		t.Errorf("one network more: %+v, want refused (full)", v)
 	}
 	runtime.KeepAlive(f)
@@ -208,9 +208,9 @@ func TestFailuresTableHoldsLoopback(t *testing.T) {
 
 func ExampleGate_Failed() {
 	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, MaxConns: 1, FailLimit: 2}, nil)
-	g.Failed(netip.MustParseAddr("127.1.2.3"), "token")
-	g.Failed(netip.MustParseAddr("127.1.2.4"), "directory")
-	_, err := g.Admit(netip.MustParseAddr("127.1.2.5"), nil)
+	g.Failed(peerAt(netip.MustParseAddr("127.1.2.3")), "token")
+	g.Failed(peerAt(netip.MustParseAddr("127.1.2.4")), "directory")
+	_, err := g.Admit(peerAt(netip.MustParseAddr("127.1.2.5")), nil)
 	fmt.Println(err)
 	// Output: peer 127.1.2.5: too many failed attempts from 127.1.2.0/24; refused for a while: permission denied
 }
@@ -223,21 +223,50 @@ func TestFailuresKeepRecentNetworks(t *testing.T) {
 	f.max = 2
 	a, b, c := netip.MustParseAddr("10.0.1.1"), netip.MustParseAddr("10.0.2.1"), netip.MustParseAddr("10.0.3.1")
 	t0 := time.Now()
-	f.failed(a, t0)
-	f.failed(b, t0.Add(time.Second))
-	if v := f.failed(c, t0.Add(30*time.Second)); !v.refused || !v.full {
+	f.failed(peerAt(a), t0)
+	f.failed(peerAt(b), t0.Add(time.Second))
+	if v := f.failed(peerAt(c), t0.Add(30*time.Second)); !v.refused || !v.full {
 		t.Errorf("a third network while two failed within the minute: %+v, want refused (full)", v)
 	}
-	f.failed(a, t0.Add(40*time.Second)) // a is the newest now
-	f.failed(a, t0.Add(62*time.Second))
-	if v := f.failed(c, t0.Add(62*time.Second)); v.refused {
+	f.failed(peerAt(a), t0.Add(40*time.Second)) // a is the newest now
+	f.failed(peerAt(a), t0.Add(62*time.Second))
+	if v := f.failed(peerAt(c), t0.Add(62*time.Second)); v.refused {
 		t.Errorf("once b's failure is past the window: %+v, want room made", v)
 	}
-	if _, ok := f.sources[f.network(b)]; ok {
+	if _, ok := f.sources[f.network(peerAt(b))]; ok {
 		t.Error("b, quiet for the window, was kept while a, failing within it, was not")
 	}
-	f.failed(a, t0.Add(63*time.Second))
-	if !f.refused(a, t0.Add(63*time.Second)).refused {
+	f.failed(peerAt(a), t0.Add(63*time.Second))
+	if !f.refused(peerAt(a), t0.Add(63*time.Second)).refused {
 		t.Error("a's failures were forgotten: 3 within the minute (at 40 s, 62 s, 63 s) do not refuse it")
+	}
+}
+
+// A local peer whose owner the transport knows counts by its uid: one
+// local user's bad tokens do not lock out another local user, and the
+// refusal names the uid; a loopback peer of no known owner counts by its
+// /24 as any other.
+func TestLocalPeersCountByUID(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	g := NewGate(Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, MaxConns: 8, FailLimit: 3}, nil)
+	mallory, alice := Peer{Addr: lo, UID: 1000, HasUID: true}, Peer{Addr: lo, UID: 1001, HasUID: true}
+	for range 3 {
+		g.Failed(mallory, "token")
+	}
+	if _, err := g.Admit(mallory, nil); !errors.Is(err, syscall.EACCES) || !strings.Contains(err.Error(), "uid 1000 on this machine") {
+		t.Fatalf("uid 1000 after 3 failures: %v, want EACCES naming the uid", err)
+	}
+	for _, p := range []Peer{alice, peerAt(lo)} {
+		a, err := g.Admit(p, nil)
+		if err != nil {
+			t.Fatalf("%s after another local user's failures: %v", p, err)
+		}
+		a.Done()
+	}
+	for range 3 {
+		g.Failed(peerAt(netip.MustParseAddr("127.0.0.2")), "token")
+	}
+	if _, err := g.Admit(peerAt(lo), nil); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("an unknown local peer after 3 failures of 127.0.0.0/24: %v", err)
 	}
 }

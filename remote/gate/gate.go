@@ -141,16 +141,46 @@ type Gate struct {
 	pending []*Admission // oldest first
 }
 
+// Peer is where a connection comes from. For one from this machine
+// (loopback, or the host's own address) the transport gives the uid that
+// owns the peer's socket where it can learn it (HasUID): the rule against
+// guessing counts such a peer by its uid (failures.go), since every local
+// user shares 127.0.0.0/8.
+type Peer struct {
+	Addr   netip.Addr
+	UID    uint32
+	HasUID bool
+}
+
+// String is the peer for a message: its address, and its uid if known.
+func (p Peer) String() string {
+	if p.HasUID {
+		return fmt.Sprintf("%s (uid %d)", p.Addr, p.UID)
+	}
+	return p.Addr.String()
+}
+
+// args is the peer for a log line: peer=ADDR, and uid=N if known.
+func (p Peer) args() []any {
+	if p.HasUID {
+		return []any{"peer", p.Addr.String(), "uid", p.UID}
+	}
+	return []any{"peer", p.Addr.String()}
+}
+
 // Admission is a connection admitted at connect (Gate.Admit) whose hello
 // has not been accepted yet: it holds a pending place, not a
 // max_connections slot, until Accept or Done.
 type Admission struct {
 	g     *Gate
-	peer  netip.Addr
+	peer  Peer
 	conn  PendingConn // nil: nothing to close
 	state admissionState
 	heard bool // the transport read its hello (Heard)
 }
+
+// Peer is who the admitted connection comes from.
+func (a *Admission) Peer() Peer { return a.peer }
 
 // PendingConn is what the gate needs of a connection still saying
 // hello, to make room for a newer one.
@@ -205,10 +235,10 @@ func (g *Gate) Log() *PeerLog { return g.log }
 // keeps a flood of new connections from closing a peer's hello that
 // only waits for the CPU. conn (nil: nothing to close) is the new
 // connection. The error wraps the errno to tell the peer.
-func (g *Gate) Admit(peer netip.Addr, conn PendingConn) (*Admission, error) {
-	if !g.p.Allows(peer) {
+func (g *Gate) Admit(peer Peer, conn PendingConn) (*Admission, error) {
+	if !g.p.Allows(peer.Addr) {
 		g.ev.Refused("allow_from")
-		g.log.Event("allow_from", "remote: peer not in allow_from; refused", "peer", peer.String())
+		g.log.Event("allow_from", "remote: peer not in allow_from; refused", peer.args()...)
 		return nil, fmt.Errorf("peer %s is not in remote.allow_from: %w", peer, syscall.EACCES)
 	}
 	if v := g.fails.refused(peer, time.Now()); v.refused {
@@ -250,14 +280,14 @@ func (g *Gate) Admit(peer netip.Addr, conn PendingConn) (*Admission, error) {
 
 // fullLocked refuses a connection when the gate is closed or every slot
 // is taken.
-func (g *Gate) fullLocked(peer netip.Addr) error {
+func (g *Gate) fullLocked(peer Peer) error {
 	switch {
 	case g.closed:
 		g.ev.Refused("shutdown")
 		return fmt.Errorf("mrfs is shutting down: %w", syscall.ESHUTDOWN)
 	case g.conns >= g.p.MaxConns:
 		g.ev.Refused("max_connections")
-		g.log.Event("max_connections", "remote: max_connections reached; peer refused", "peer", peer.String(), "max_connections", g.p.MaxConns)
+		g.log.Event("max_connections", "remote: max_connections reached; peer refused", append(peer.args(), "max_connections", g.p.MaxConns)...)
 		return fmt.Errorf("too many connections (max_connections = %d): %w", g.p.MaxConns, syscall.EBUSY)
 	}
 	return nil
@@ -329,21 +359,24 @@ func (g *Gate) leaveLocked(a *Admission) {
 // Failed counts a failure of peer's source network (why: "token",
 // "access", "directory", "hello", "hello_timeout", "pending"); one that
 // keeps failing is refused for a while (failures.go).
-func (g *Gate) Failed(peer netip.Addr, why string) {
+func (g *Gate) Failed(peer Peer, why string) {
 	v := g.fails.failed(peer, time.Now())
 	g.warn(v, peer, why)
 	if !v.refused {
-		g.log.Event("failed_"+why, "remote: a peer's attempt failed", "peer", peer.String(), "why", why)
+		g.log.Event("failed_"+why, "remote: a peer's attempt failed", append(peer.args(), "why", why)...)
 	}
 }
 
 // warn says at warn that a source network is refused, when v says to
 // (once a minute per network, or per full table).
-func (g *Gate) warn(v verdict, peer netip.Addr, why string) {
+func (g *Gate) warn(v verdict, peer Peer, why string) {
 	if !v.warn {
 		return
 	}
-	args := []any{"peer", peer.String(), "network", v.net.String()}
+	args := peer.args()
+	if !v.net.byUID {
+		args = append(args, "network", v.net.String())
+	}
 	if why != "" {
 		args = append(args, "last", why)
 	}
@@ -358,7 +391,7 @@ func (g *Gate) warn(v verdict, peer netip.Addr, why string) {
 // directory that is not there (ENOENT, ENOTDIR, what the peer is told)
 // counts as a failure of the peer's source: names are probed no faster
 // than tokens are guessed. The error wraps the errno to tell the peer.
-func (g *Gate) Resolve(peer netip.Addr, resolve Resolver, dir string) (*buffer.Domain, error) {
+func (g *Gate) Resolve(peer Peer, resolve Resolver, dir string) (*buffer.Domain, error) {
 	dom, err := resolve(dir)
 	if err == nil {
 		return dom, nil
@@ -372,7 +405,7 @@ func (g *Gate) Resolve(peer netip.Addr, resolve Resolver, dir string) (*buffer.D
 // CheckToken admits peer to dom only with dom's token: otherwise the
 // peer is refused with EACCES, before any queue pair exists, and the
 // failure counts against its source.
-func (g *Gate) CheckToken(peer netip.Addr, dir string, dom *buffer.Domain, token [buffer.TokenSize]byte) error {
+func (g *Gate) CheckToken(peer Peer, dir string, dom *buffer.Domain, token [buffer.TokenSize]byte) error {
 	if dom.TokenIs(token) {
 		return nil
 	}

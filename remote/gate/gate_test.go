@@ -34,7 +34,7 @@ func TestGate(t *testing.T) {
 			p.AllowFrom = append(p.AllowFrom, netip.MustParsePrefix(s))
 		}
 		p.MaxConns = 1
-		_, err := NewGate(p, nil).Admit(c.peer, nil)
+		_, err := NewGate(p, nil).Admit(peerAt(c.peer), nil)
 		if c.want == 0 {
 			if err != nil {
 				t.Errorf("%s: %v", c.name, err)
@@ -47,7 +47,7 @@ func TestGate(t *testing.T) {
 
 // accept takes a connection from peer through both phases.
 func accept(g *Gate, peer netip.Addr) (release func(), err error) {
-	a, err := g.Admit(peer, nil)
+	a, err := g.Admit(peerAt(peer), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +63,7 @@ func TestGateMaxConnsAndClose(t *testing.T) {
 	if err1 != nil || err2 != nil || g.Conns() != 2 || g.Pending() != 0 {
 		t.Fatalf("two accepts: %v %v, conns %d, pending %d", err1, err2, g.Conns(), g.Pending())
 	}
-	if _, err := g.Admit(lo, nil); !errors.Is(err, syscall.EBUSY) {
+	if _, err := g.Admit(peerAt(lo), nil); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("third admit: %v, want EBUSY", err)
 	}
 	r1()
@@ -75,13 +75,13 @@ func TestGateMaxConnsAndClose(t *testing.T) {
 	if err != nil {
 		t.Fatalf("accept after a release: %v", err)
 	}
-	if _, err := g.Admit(lo, nil); !errors.Is(err, syscall.EBUSY) {
+	if _, err := g.Admit(peerAt(lo), nil); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("admit past max again: %v, want EBUSY", err)
 	}
 	r2()
 	r3()
 	g.Close()
-	if _, err := g.Admit(lo, nil); !errors.Is(err, syscall.ESHUTDOWN) {
+	if _, err := g.Admit(peerAt(lo), nil); !errors.Is(err, syscall.ESHUTDOWN) {
 		t.Errorf("admit after Close: %v, want ESHUTDOWN", err)
 	}
 }
@@ -109,7 +109,7 @@ func TestGateTwoPhases(t *testing.T) {
 	var closed []int
 	admit := func(peer netip.Addr, n int) *Admission {
 		t.Helper()
-		a, err := g.Admit(peer, &fakeConn{n: n, closed: &closed})
+		a, err := g.Admit(peerAt(peer), &fakeConn{n: n, closed: &closed})
 		if err != nil {
 			t.Fatalf("admit %d: %v", n, err)
 		}
@@ -138,7 +138,7 @@ func TestGateTwoPhases(t *testing.T) {
 	if g.Pending() != 0 {
 		t.Errorf("pending %d after every hello ended", g.Pending())
 	}
-	if _, err := g.Admit(good, nil); !errors.Is(err, syscall.EBUSY) {
+	if _, err := g.Admit(peerAt(good), nil); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("a connection with every slot taken: %v, want EBUSY at once", err)
 	}
 	release()
@@ -146,7 +146,7 @@ func TestGateTwoPhases(t *testing.T) {
 	admit(idle, 4)
 	admit(idle, 5)
 	admit(good, 6)
-	if _, err := g.Admit(idle, nil); !errors.Is(err, syscall.EACCES) {
+	if _, err := g.Admit(peerAt(idle), nil); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("after two of its connections were closed to make room: %v, want EACCES", err)
 	}
 	if len(closed) != 2 || closed[1] != 4 {
@@ -162,7 +162,7 @@ func TestGateMakesRoomWithTheIdle(t *testing.T) {
 	var closed []int
 	admit := func(n int, waiting bool) *Admission {
 		t.Helper()
-		a, err := g.Admit(netip.AddrFrom4([4]byte{10, 0, byte(n), 1}), &fakeConn{n: n, closed: &closed, waiting: waiting})
+		a, err := g.Admit(peerAt(netip.AddrFrom4([4]byte{10, 0, byte(n), 1})), &fakeConn{n: n, closed: &closed, waiting: waiting})
 		if err != nil {
 			t.Fatalf("admit %d: %v", n, err)
 		}
@@ -229,17 +229,20 @@ func TestGateResolveCountsMissingDirectories(t *testing.T) {
 	}
 	peer := netip.MustParseAddr("10.0.0.5")
 	for _, dir := range []string{"/mounting", "/mounting", "/mounting", "/a", "/file"} {
-		if _, err := g.Resolve(peer, resolve, dir); err == nil || !strings.Contains(err.Error(), dir) {
+		if _, err := g.Resolve(peerAt(peer), resolve, dir); err == nil || !strings.Contains(err.Error(), dir) {
 			t.Fatalf("Resolve %s: %v, want its error naming it", dir, err)
 		}
 	}
-	if _, err := g.Admit(peer, nil); err != nil {
+	if _, err := g.Admit(peerAt(peer), nil); err != nil {
 		t.Fatalf("after two missing directories and three still mounting: %v", err)
 	}
-	if _, err := g.Resolve(peer, resolve, "/b"); !errors.Is(err, syscall.ENOENT) {
+	if _, err := g.Resolve(peerAt(peer), resolve, "/b"); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("Resolve /b: %v, want ENOENT", err)
 	}
-	if _, err := g.Admit(netip.MustParseAddr("10.0.0.6"), nil); !errors.Is(err, syscall.EACCES) {
+	if _, err := g.Admit(peerAt(netip.MustParseAddr("10.0.0.6")), nil); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("after three missing directories: %v, want EACCES", err)
 	}
 }
+
+// peerAt is a peer known by its address alone (a remote one).
+func peerAt(a netip.Addr) Peer { return Peer{Addr: a} }

@@ -253,7 +253,9 @@ func (l *Listener) accept(ev ibv.Event) {
 		}
 		l.gate.Log().Event("rejected", "rdma_cm connection rejected", "peer", peer.String(), "errno", errno.Error(), "reason", msg)
 	}
-	a, err := l.gate.Admit(peer.Addr(), nil)
+	// A remote peer, counted by its network: rdma_cm tells no local uid.
+	from := gate.Peer{Addr: peer.Addr()}
+	a, err := l.gate.Admit(from, nil)
 	if err != nil {
 		reject(remote.Errno(err, syscall.EACCES), err.Error())
 		return
@@ -262,7 +264,7 @@ func (l *Listener) accept(ev ibv.Event) {
 	dir, tok, err := decodeConnect(ev.Private)
 	if err != nil {
 		if !errors.Is(err, errVersion) {
-			l.gate.Failed(peer.Addr(), "hello")
+			l.gate.Failed(from, "hello")
 		}
 		reject(syscall.EPROTO, err.Error())
 		return
@@ -282,13 +284,13 @@ func (l *Listener) accept(ev ibv.Event) {
 		l.mu.Unlock()
 	}
 
-	dom, err := l.gate.Resolve(peer.Addr(), l.resolve, dir)
+	dom, err := l.gate.Resolve(from, l.resolve, dir)
 	if err != nil {
 		unreserve()
 		reject(remote.Errno(err, syscall.ENOENT), err.Error())
 		return
 	}
-	if err := l.gate.CheckToken(peer.Addr(), dir, dom, tok); err != nil {
+	if err := l.gate.CheckToken(from, dir, dom, tok); err != nil {
 		unreserve()
 		reject(syscall.EACCES, err.Error())
 		return

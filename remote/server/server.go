@@ -25,7 +25,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -116,11 +115,7 @@ func (s *Server) accept() {
 // max_connections), then serves c.
 func (s *Server) admit(c net.Conn) {
 	peer := c.RemoteAddr().String()
-	var addr netip.Addr
-	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		addr = ta.AddrPort().Addr()
-	}
-	a, err := s.gate.Admit(addr, pendingConn{c})
+	a, err := s.gate.Admit(peerOf(c), pendingConn{c})
 	if err == nil {
 		s.mu.Lock()
 		if s.closed {
@@ -196,7 +191,7 @@ func (p pendingConn) HelloWaiting() bool {
 type conn struct {
 	s    *Server
 	c    net.Conn
-	addr netip.Addr // the peer's, for the gate's failure count
+	peer gate.Peer // for the gate's failure count
 	r    *proto.Reader
 	resp verbs.Responder
 	log  *slog.Logger
@@ -208,9 +203,7 @@ type conn struct {
 
 func (s *Server) serve(c net.Conn, a *gate.Admission) {
 	k := &conn{s: s, c: c, log: s.log.With("peer", c.RemoteAddr().String())}
-	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		k.addr = ta.AddrPort().Addr()
-	}
+	k.peer = a.Peer()
 	release, detach, err := k.hello(a)
 	if err != nil {
 		s.gate.Log().EventTo(k.log, "hello", "remote: hello failed; connection closed", "err", err)
@@ -250,10 +243,10 @@ func (k *conn) hello(a *gate.Admission) (release, detach func(), err error) {
 		// Not a failure: an mrfs of another version.
 		return refuse(syscall.EPROTONOSUPPORT, fmt.Errorf("protocol version %d is not supported; this mrfs speaks %d", ve.Version, proto.Version))
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		k.s.gate.Failed(k.addr, "hello_timeout")
+		k.s.gate.Failed(k.peer, "hello_timeout")
 		return nil, nil, fmt.Errorf("no hello within %s (remote.timeout): %w", k.s.p.Timeout, err)
 	case errors.Is(err, proto.ErrProtocol):
-		k.s.gate.Failed(k.addr, "hello")
+		k.s.gate.Failed(k.peer, "hello")
 		return nil, nil, fmt.Errorf("read hello: %w", err)
 	case err != nil:
 		// The peer went, or the gate closed the connection to make room
@@ -261,11 +254,11 @@ func (k *conn) hello(a *gate.Admission) (release, detach func(), err error) {
 		return nil, nil, fmt.Errorf("read hello: %w", err)
 	}
 	a.Heard()
-	dom, err := k.s.gate.Resolve(k.addr, k.s.resolve, f.Path)
+	dom, err := k.s.gate.Resolve(k.peer, k.s.resolve, f.Path)
 	if err != nil {
 		return refuse(remote.Errno(err, syscall.ENOENT), err)
 	}
-	if err := k.s.gate.CheckToken(k.addr, f.Path, dom, f.Token); err != nil {
+	if err := k.s.gate.CheckToken(k.peer, f.Path, dom, f.Token); err != nil {
 		return refuse(syscall.EACCES, err)
 	}
 	rp, ok := dom.VerbsPD().(verbs.ResponderPD)
@@ -346,7 +339,7 @@ func (k *conn) execute(f proto.Frame) proto.Frame {
 	c.Status = uint32(st)
 	k.s.gate.Events().Completed(st)
 	if st == verbs.WCRemAccessErr {
-		k.s.gate.Failed(k.addr, "access")
+		k.s.gate.Failed(k.peer, "access")
 	}
 	if st != verbs.WCSuccess {
 		c.Data, c.Old = nil, 0
