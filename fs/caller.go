@@ -28,6 +28,28 @@ func caller(ctx context.Context) tree.Caller {
 // procGroups reads the "Groups:" line of /proc/PID/status (PID is the
 // calling thread's); nil when there is none to read.
 func procGroups(pid uint32) []uint32 {
+	var groups []uint32
+	for _, f := range bytes.Fields(procStatus(pid, "Groups:")) {
+		if g, err := strconv.ParseUint(string(f), 10, 32); err == nil {
+			groups = append(groups, uint32(g))
+		}
+	}
+	return groups
+}
+
+// procCapEff reads the calling thread's effective capabilities from the
+// "CapEff:" line of /proc/PID/status; none when there is none to read.
+func procCapEff(pid uint32) uint64 {
+	caps, err := strconv.ParseUint(string(bytes.TrimSpace(procStatus(pid, "CapEff:"))), 16, 64)
+	if err != nil {
+		return 0
+	}
+	return caps
+}
+
+// procStatus is what follows key on its line of /proc/PID/status, nil
+// when there is none (pid 0: the kernel gave none).
+func procStatus(pid uint32, key string) []byte {
 	if pid == 0 {
 		return nil
 	}
@@ -36,17 +58,9 @@ func procGroups(pid uint32) []uint32 {
 		return nil
 	}
 	for line := range bytes.Lines(status) {
-		rest, ok := bytes.CutPrefix(line, []byte("Groups:"))
-		if !ok {
-			continue
+		if rest, ok := bytes.CutPrefix(line, []byte(key)); ok {
+			return rest
 		}
-		var groups []uint32
-		for _, f := range bytes.Fields(rest) {
-			if g, err := strconv.ParseUint(string(f), 10, 32); err == nil {
-				groups = append(groups, uint32(g))
-			}
-		}
-		return groups
 	}
 	return nil
 }

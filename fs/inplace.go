@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
@@ -28,8 +29,17 @@ var _ = (fusefs.NodeReadlinker)((*bufferNode)(nil))
 // file, not a link; but the kernel takes a SYMLINK reply only for a link,
 // so the reply is a link node of its own that the kernel may not keep
 // (timeouts 0): the next lookup of name finds the file.
+//
+// A target that is a JSON object, {"source": PATH, "access": FLAGS}, is
+// `mrfs register`'s request where it cannot set user.mrfs.register: in a
+// sticky directory the kernel lets only the directory's owner set its
+// attributes, but anyone who may write it make a link.
 func (n *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	f, err := n.register(ctx, name, target, nil)
+	src, access, err := parseLinkTarget(target)
+	var f *tree.File
+	if err == nil {
+		f, err = n.register(ctx, name, src, access)
+	}
 	if err != nil {
 		return nil, toErrno(n.fsys.log, "register "+target+" in place as "+name, err)
 	}
@@ -47,11 +57,38 @@ func (n *bufferNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	return nil, syscall.EINVAL
 }
 
-// registerRequest is user.mrfs.register's value.
+// registerRequest is user.mrfs.register's value (a link's target has no
+// name: the link's is).
 type registerRequest struct {
 	Name   string  `json:"name"`
 	Source string  `json:"source"`
 	Access *string `json:"access"`
+}
+
+// access is the request's access, nil when it gives none.
+func (r registerRequest) access() (*verbs.Access, error) {
+	if r.Access == nil {
+		return nil, nil
+	}
+	a, err := verbs.ParseAccess(*r.Access)
+	if err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
+
+// parseLinkTarget is a link's source and access: the target itself, or
+// the request of a target that is a JSON object.
+func parseLinkTarget(target string) (string, *verbs.Access, error) {
+	if !strings.HasPrefix(target, "{") {
+		return target, nil, nil
+	}
+	var r registerRequest
+	if err := json.Unmarshal([]byte(target), &r); err != nil || r.Name != "" || r.Source == "" {
+		return "", nil, fmt.Errorf("a link target that is a JSON object is {\"source\": PATH, \"access\": FLAGS}: %w", syscall.EINVAL)
+	}
+	a, err := r.access()
+	return r.Source, a, err
 }
 
 func (n *dirNode) setRegister(ctx context.Context, data []byte) syscall.Errno {
@@ -61,11 +98,8 @@ func (n *dirNode) setRegister(ctx context.Context, data []byte) syscall.Errno {
 		err = fmt.Errorf("%s is {\"name\": NAME, \"source\": PATH, \"access\": FLAGS}: %w", xattrRegister, syscall.EINVAL)
 	}
 	var access *verbs.Access
-	if err == nil && r.Access != nil {
-		var a verbs.Access
-		if a, err = verbs.ParseAccess(*r.Access); err == nil {
-			access = &a
-		}
+	if err == nil {
+		access, err = r.access()
 	}
 	if err == nil {
 		_, err = n.register(ctx, r.Name, r.Source, access)
@@ -105,7 +139,7 @@ func (n *dirNode) registerAs(ctx context.Context, c tree.Caller, name, target st
 	if err := tree.CheckName(name); err != nil {
 		return nil, err
 	}
-	src, err := source.Open(target, source.Caller{UID: c.UID, GID: c.GID, Groups: c.Groups, PID: pid}, a.Writable())
+	src, err := source.Open(target, source.Caller{UID: c.UID, GID: c.GID, Groups: c.Groups, PID: pid, CapEff: procCapEff(pid)}, a.Writable())
 	if err != nil {
 		return nil, err
 	}

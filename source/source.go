@@ -33,6 +33,10 @@ type Caller struct {
 	UID, GID uint32
 	Groups   []uint32
 	PID      uint32 // whose root (so mount namespace) resolves the path; 0: the daemon's
+	// CapEff is the calling thread's effective capabilities (a bit per
+	// capability, as /proc/PID/status shows them): the open takes these
+	// and no more, whatever the uid (root in a container may have none).
+	CapEff uint64
 }
 
 // Kinds is what the refusal of another kind of file names.
@@ -70,11 +74,11 @@ func Open(path string, c Caller, write bool) (*File, error) {
 
 // openAs opens path on a thread of its own that takes c's credentials:
 // fsuid, fsgid and groups (the ones the kernel's permission checks use),
-// and, for a caller other than root, no capability (setfsuid drops only
-// the filesystem ones; CAP_SYS_PTRACE would pass the kernel's check on
-// another process's /proc/PID/fd). The thread is never given back: it
-// ends with its goroutine, so no other goroutine ever runs with what it
-// took.
+// and c's own effective capabilities, for root too (setfsuid drops only
+// the filesystem ones, and only for a uid other than 0; CAP_SYS_PTRACE
+// would pass the kernel's check on another process's /proc/PID/fd). The
+// thread is never given back: it ends with its goroutine, so no other
+// goroutine ever runs with what it took.
 func openAs(path string, c Caller, flags int) (int, error) {
 	type result struct {
 		fd  int
@@ -111,14 +115,29 @@ func openOnThread(path string, c Caller, flags int) (int, error) {
 	if got, _, _ := unix.RawSyscall(unix.SYS_SETFSUID, ^uintptr(0), 0, 0); uint32(got) != c.UID {
 		return -1, fmt.Errorf("setfsuid %d did not take: %w", c.UID, syscall.EPERM)
 	}
-	if c.UID != 0 {
-		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-		var none [2]unix.CapUserData
-		if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&none[0])), 0); e != 0 {
-			return -1, fmt.Errorf("drop capabilities: %w", e)
-		}
+	if err := takeCaps(c.CapEff); err != nil {
+		return -1, err
 	}
 	return openIn(path, c.PID, flags)
+}
+
+// takeCaps makes the calling thread's capabilities eff, less what the
+// daemon does not have: effective and permitted, none inheritable.
+func takeCaps(eff uint64) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var have [2]unix.CapUserData
+	if _, _, e := unix.RawSyscall(unix.SYS_CAPGET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&have[0])), 0); e != 0 {
+		return fmt.Errorf("capget: %w", e)
+	}
+	var take [2]unix.CapUserData
+	for i := range take {
+		set := uint32(eff>>(32*i)) & have[i].Permitted
+		take[i] = unix.CapUserData{Effective: set, Permitted: set}
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&take[0])), 0); e != 0 {
+		return fmt.Errorf("take the caller's capabilities %#x: %w", eff, e)
+	}
+	return nil
 }
 
 // openIn opens path as process pid resolves it: from its root, so in its

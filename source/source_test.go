@@ -25,7 +25,7 @@ func shmDir(t *testing.T) string {
 	return d
 }
 
-var root = Caller{UID: 0, GID: 0, PID: uint32(os.Getpid())}
+var root = Caller{UID: 0, GID: 0, PID: uint32(os.Getpid()), CapEff: ^uint64(0)}
 
 func requireRoot(t *testing.T) {
 	t.Helper()
@@ -158,6 +158,16 @@ func TestOpenAsCaller(t *testing.T) {
 	if _, err := Open(priv, nobody, false); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("root's 0600 file for uid 65534: %v, want EACCES", err)
 	}
+	// uid 0 with no capability (a container, a hardened service) is held
+	// to the file's mode as anyone: another user's 0600 file is EACCES.
+	if err := os.Chown(priv, 4321, 4321); err != nil {
+		t.Fatal(err)
+	}
+	capless := Caller{UID: 0, GID: 0, PID: uint32(os.Getpid())}
+	if _, err := Open(priv, capless, false); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("uid 4321's 0600 file for uid 0 without capabilities: %v, want EACCES", err)
+	}
+	mustOpen(t, priv, root, true)
 	if _, err := Open(pub, nobody, true); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("root's 0644 file for writing by uid 65534: %v, want EACCES", err)
 	}

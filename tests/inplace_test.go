@@ -594,3 +594,52 @@ func TestRegisterInPlaceSourceFull(t *testing.T) {
 		t.Errorf("after the refusal: %d buffers, %d bytes charged", s.Buffers, s.ChargedBytes)
 	}
 }
+
+// Registration in place opens the source with the caller's own effective
+// capabilities, for uid 0 too: root without capabilities (a container, a
+// hardened service) cannot register another user's 0600 file, which it
+// could not open itself; root with them can.
+func TestRegisterInPlaceCaplessRoot(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	private, _ := shmSource(t, "capless", 8192, 4321, 0o600)
+	capless := exec.Command("setpriv", "--securebits", "+noroot,+noroot_locked,+no_setuid_fixup",
+		"--bounding-set", "-all", "--inh-caps", "-all", "ln", "-s", private, d.path("p"))
+	out, err := capless.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("ln -s of uid 4321's 0600 source by uid 0 without capabilities: %v %q, want Permission denied", err, out)
+	}
+	if err := os.Symlink(private, d.path("p")); err != nil {
+		t.Errorf("ln -s of the same by root with its capabilities: %v", err)
+	}
+}
+
+// `mrfs register` works for anyone who may write a sticky directory it
+// does not own (the kernel lets only the owner set the directory's
+// user.* attributes: the request then goes as a link), with the access
+// it asks.
+func TestRegisterInStickyDir(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Mount: "allow_other = true\numask = \"022\""})
+	sh := sharedDir(t, d)
+	if err := unix.Chmod(sh, 0o1777); err != nil { // os.Chmod would drop the sticky bit
+		t.Fatal(err)
+	}
+	readable, _ := shmSource(t, "sticky", 8192, 0, 0o644)
+	r := filepath.Join(sh, "r")
+	if out, err := asNobody(mrfsBin, "register", "--access", "remote_read", readable, r).CombinedOutput(); err != nil {
+		t.Fatalf("mrfs register by uid 65534 in a sticky directory of root's: %v %s", err, out)
+	}
+	if got := mustXattr(t, r, xAccess); got != "remote_read" {
+		t.Errorf("access %q, want the remote_read asked", got)
+	}
+	if st, err := os.Stat(r); err != nil || st.Sys().(*syscall.Stat_t).Uid != 65534 || st.Mode().Perm() != 0o400 {
+		t.Errorf("the registration: %v, want 0400 owned by uid 65534", err)
+	}
+	// A refusal still says why: the source is root's 0600 file.
+	private, _ := shmSource(t, "sticky-private", 8192, 0, 0o600)
+	out, err := asNobody(mrfsBin, "register", private, filepath.Join(sh, "p")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "permission denied") {
+		t.Errorf("mrfs register of root's 0600 source by uid 65534: %v %q, want permission denied", err, out)
+	}
+}

@@ -37,7 +37,17 @@ func cmdRegister(args []string, stdout, stderr io.Writer) error {
 	}
 	v, _ := json.Marshal(req)
 	if err := unix.Setxattr(dir, "user.mrfs.register", v, 0); err != nil {
-		return fmt.Errorf("register %s as %s: %w; the mount's log says why", src, pos[1], err)
+		if !errors.Is(err, unix.EPERM) || !stickyNotOwned(dir) {
+			return fmt.Errorf("register %s as %s: %w; the mount's log says why", src, pos[1], err)
+		}
+		// The kernel lets only a sticky directory's owner set its
+		// attributes; anyone who may write it makes a link, whose target
+		// carries the request (DESIGN "Memory you bring").
+		delete(req, "name")
+		v, _ = json.Marshal(req)
+		if err := os.Symlink(string(v), pos[1]); err != nil {
+			return fmt.Errorf("register %s as %s (a link: %s is sticky and not yours, so its attribute cannot be set): %w; the mount's log says why", src, pos[1], dir, errors.Unwrap(err))
+		}
 	}
 	// The kernel may have held the name as absent until the daemon's
 	// word that it exists, which follows the reply, lands.
@@ -52,6 +62,16 @@ func cmdRegister(args []string, stdout, stderr io.Writer) error {
 	keys, _ := getxattrString(pos[1], "user.mrfs.keys")
 	fmt.Fprintf(stdout, "%s: %s from %s\n%s", pos[1], state, src, keys)
 	return nil
+}
+
+// stickyNotOwned says whether dir is sticky and another user's: then the
+// kernel refuses the caller its user.* attributes (EPERM).
+func stickyNotOwned(dir string) bool {
+	var st unix.Stat_t
+	if unix.Stat(dir, &st) != nil {
+		return false
+	}
+	return st.Mode&unix.S_ISVTX != 0 && st.Uid != uint32(os.Geteuid())
 }
 
 // sourcePath is p absolute, as the daemon resolves it in this process's
