@@ -53,7 +53,12 @@ type Buffer struct {
 	// them may write; orphan: freed while open (its memory is still
 	// charged); reserved: the pages admitted for the operation under way
 	// (part of m.inflight).
+	// inodes: the kernel's inodes of the file that hold its memory
+	// (HoldInode), one per go-fuse node: go-fuse keeps one node per inode
+	// number, so two while a forgotten one's release is on its way (a
+	// byte, so that Buffer stays in its size class).
 	orphan         bool
+	inodes         uint8
 	opens, writers int32
 	reserved       uint64
 
@@ -219,8 +224,8 @@ func (m *Manager) forgetLocked(b *Buffer) {
 
 // freeMemory frees the memory of a freed file that no client has any
 // more: a pool file's slot goes back to its pool, zeroed; any other file
-// is truncated to nothing with truncate. released: at the last close of
-// a file unlinked while open.
+// is truncated to nothing with truncate. released: at the end of the
+// last hold of a file unlinked while held (charge.go).
 func (b *Buffer) freeMemory(truncate func() error, released bool) {
 	if b.slot != nil {
 		b.slot.p.give(b.slot.i, released)
@@ -883,9 +888,9 @@ func (b *Buffer) Free() error {
 }
 
 // free is Free; it returns the regions it deregistered and their bytes
-// (whole pages). A client that has the file open keeps its memory, still
-// charged to the owner (an orphan) until the last of its descriptors
-// closes; with none open, the memory goes now.
+// (whole pages). A client that has the file open or mapped keeps its
+// memory, still charged to the owner (an orphan) until nothing holds it
+// (charge.go); with nothing holding it, the memory goes now.
 func (b *Buffer) free(why gone) (nregions int, unpinned uint64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -907,18 +912,39 @@ func (b *Buffer) free(why gone) (nregions int, unpinned uint64, err error) {
 	}
 	b.regs = nil
 	m.unmap(&b.mp)
-	// Decided under m.mu, which the last descriptor's Close takes too:
-	// an orphan's memory goes at that Close. With no descriptor open no
-	// client has the file (a mapping keeps one), and its memory goes now,
-	// whoever else in the kernel still holds it (go-fuse unregisters the
-	// backing file after the last RELEASE). New opens wait for b.mu, and
-	// then find the buffer gone.
+	// Decided under m.mu, which the last hold's end takes too: an
+	// orphan's memory goes then. With no descriptor open and no inode of
+	// a zero-copy open left (HoldInode) no client has the file, and its
+	// memory goes now. New opens wait for b.mu, and then find the buffer
+	// gone. A file only the kernel's inode holds (maybe mapped) is kept
+	// open (keepsLocked), to free its memory at once when that goes: the
+	// descriptor is made first, outside m.mu.
+	keep, kerr := -1, error(nil)
+	if b.slot == nil && b.src == nil {
+		m.mu.Lock()
+		mapped := b.opens == 0 && b.inodes > 0
+		m.mu.Unlock()
+		if mapped {
+			keep, kerr = b.f.Open()
+		}
+	}
 	m.mu.Lock()
-	open := b.opens > 0
+	open := b.opens > 0 || b.inodes > 0
 	if open {
 		m.orphanLocked(b)
 	}
+	switch {
+	case keep >= 0 && b.keepsLocked() && b.opens == 0:
+		m.kept[b] = keep
+		m.openFds++
+		keep = -1
+	case kerr != nil && b.keepsLocked():
+		m.log.Warn("cannot keep a descriptor of a removed file still mapped: its memory goes when the kernel lets it go", "err", kerr)
+	}
 	m.mu.Unlock()
+	if keep >= 0 {
+		unix.Close(keep) // held open by a client meanwhile, or released
+	}
 	if !open {
 		b.freeMemory(func() error { return b.f.Truncate(0) }, false)
 	} else if b.slot != nil {

@@ -24,11 +24,14 @@ import (
 // and before admission refuses because the store is fuller than charged.
 //
 // An unlinked file that a client still holds open or mapped keeps its
-// pages, and its charge, until the last of its descriptors closes (a
-// mapping keeps one open): then no client can reach the file, and the
-// daemon frees its memory itself (truncates it) before it drops the
-// charge. The kernel would free it only later: go-fuse unregisters the
-// passthrough backing file after the last RELEASE.
+// pages, and its charge, until nothing holds it: no descriptor open and
+// no inode of the kernel's that a zero-copy open may have left mapped
+// (HoldInode). A mapping outlives its descriptor: FUSE passthrough maps
+// the daemon's own file, so RELEASE comes at the client's close, while
+// the kernel's inode stays until the munmap (its FORGET). Then no client
+// can reach the file: the daemon frees what it still holds (truncates the
+// file through the last descriptor, gives a slot back to its pool)
+// before it drops the charge.
 
 // settleLocked ends an operation on b: its charge becomes held, the bytes
 // its file holds now (unless known is false: the file could not be looked
@@ -82,8 +85,8 @@ func (m *Manager) setChargeLocked(b *Buffer, n uint64) {
 // make it hold.
 func (b *Buffer) Charged() uint64 { return b.charge.Load() }
 
-// orphanLocked makes b, being freed while clients still have it open, an
-// orphan: its memory stays charged until the last descriptor closes.
+// orphanLocked makes b, being freed while clients still hold it (open or
+// mapped), an orphan: its memory stays charged until nothing holds it.
 // Callers hold b.mu and m.mu.
 func (m *Manager) orphanLocked(b *Buffer) {
 	b.orphan = true
@@ -98,7 +101,10 @@ func (m *Manager) releasedLocked(b *Buffer) {
 	m.setChargeLocked(b, 0)
 	b.orphan = false
 	m.orphans--
-	m.memAt = time.Time{} // memory was freed: read MemAvailable afresh
+	// The reading of MemAvailable stays: it only misses memory freed, and
+	// is read again whenever it leaves too little (memoryLeftLocked).
+	// Every removed file opened zero-copy ends here, so reading it afresh
+	// each time cost the next registration a /proc read.
 	close(m.releases)
 	m.releases = make(chan struct{})
 }
@@ -158,25 +164,92 @@ func (f *Fd) Close() {
 	f.once.Do(func() {
 		b, m := f.b, f.b.m
 		m.mu.Lock()
-		m.openFds--
 		b.opens--
 		if f.writable {
 			if b.writers--; b.writers == 0 {
 				delete(m.writers, b)
 			}
 		}
-		last := b.orphan && b.opens == 0
-		m.mu.Unlock()
-		if last {
-			b.freeMemory(func() error { return unix.Ftruncate(f.N, 0) }, true)
+		last := b.unheldLocked()
+		keep := !last && b.opens == 0 && b.keepsLocked()
+		if keep {
+			m.kept[b] = f.N
+		} else {
+			m.openFds--
 		}
-		unix.Close(f.N)
-		if last {
-			m.mu.Lock()
-			m.releasedLocked(b)
-			m.mu.Unlock()
+		m.mu.Unlock()
+		switch {
+		case last:
+			b.freeMemory(func() error { return unix.Ftruncate(f.N, 0) }, true)
+			unix.Close(f.N)
+			b.released()
+		case !keep:
+			unix.Close(f.N)
 		}
 	})
+}
+
+// keepsLocked says whether b is an orphan whose memory the daemon frees
+// itself when nothing holds it: through a descriptor it keeps (m.kept)
+// while only the kernel's inodes hold it. A pool slot is given back
+// instead, and a source's memory is its owner's. Callers hold m.mu.
+func (b *Buffer) keepsLocked() bool {
+	return b.orphan && b.inodes > 0 && b.slot == nil && b.src == nil
+}
+
+// HoldInode keeps b's memory, and its charge, while the kernel holds the
+// inode of a file a client opened zero-copy, until release (at the
+// kernel's FORGET of it). Such a client may map the file, and its mapping
+// outlives its descriptor: FUSE passthrough maps the daemon's own file,
+// so RELEASE comes at the close while the pages are still mapped, and the
+// kernel's inode stays until the munmap. Called while a descriptor of b is
+// open; release is idempotent.
+func (b *Buffer) HoldInode() (release func()) {
+	m := b.m
+	m.mu.Lock()
+	b.inodes++
+	m.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			b.inodes--
+			last := b.unheldLocked()
+			fd, kept := m.kept[b]
+			if last && kept {
+				delete(m.kept, b)
+				m.openFds--
+			}
+			m.mu.Unlock()
+			if !last {
+				return
+			}
+			// No mapping is left: the memory goes now, before its
+			// charge (the kernel would free it only once every
+			// reference of its own is gone).
+			b.freeMemory(func() error {
+				if !kept {
+					return nil // a descriptor could not be kept: the kernel frees it
+				}
+				defer unix.Close(fd)
+				return unix.Ftruncate(fd, 0)
+			}, true)
+			b.released()
+		})
+	}
+}
+
+// unheldLocked says whether b is an orphan that nothing holds any more:
+// its memory goes now. Callers hold m.mu.
+func (b *Buffer) unheldLocked() bool {
+	return b.orphan && b.opens == 0 && b.inodes == 0
+}
+
+// released drops the charge of an orphan whose memory is gone.
+func (b *Buffer) released() {
+	b.m.mu.Lock()
+	b.m.releasedLocked(b)
+	b.m.mu.Unlock()
 }
 
 // orphaned runs op on b under b.mu when b was freed (an unlinked file
@@ -387,7 +460,18 @@ func (b *Buffer) SetOwner(uid uint32) error {
 	}
 	n := b.regs.length()
 	charge := b.charge.Load()
-	if q := m.opt.MaxPinnedPerUser; q > 0 && charge > 0 && m.user(uid).Charged+charge > q {
+	q := m.opt.MaxPinnedPerUser
+	over := func() bool { return q > 0 && charge > 0 && m.user(uid).Charged+charge > q }
+	// As admission does (admit): uid's files removed a moment ago may be
+	// held only until the kernel's RELEASE or FORGET reaches the daemon.
+	for deadline := time.Now().Add(releaseWait); over() && m.user(uid).Orphaned > 0 && m.waitReleaseLocked(deadline); {
+		m.unuse(uid)
+		if b.gone != alive && !b.orphan {
+			return fmt.Errorf("chown: %w", b.gone.err())
+		}
+		charge = b.charge.Load()
+	}
+	if over() {
 		held := m.users[uid].Charged
 		m.unuse(uid)
 		return fmt.Errorf("chown to uid %d: %w", uid, m.refuseLocked(limitPerUser, syscall.EDQUOT,
@@ -515,5 +599,32 @@ func (b *Buffer) Flush() error {
 		b.cut = false
 		return fmt.Errorf("flush: %w", errCut)
 	}
+	if err != nil && b.src == nil && !b.coveredLocked() {
+		return b.cutTailLocked(err)
+	}
 	return err
+}
+
+// cutTailLocked takes the file back to its registered length at a
+// writer's close when it grew unseen past what could be registered (err
+// says why): what is not registered does not outlive the close. A mapping
+// does, and could fill the tail's holes with pages nobody is charged for.
+// Callers hold b.mu.
+func (b *Buffer) cutTailLocked(err error) error {
+	keep := b.regs.length()
+	if terr := b.f.Truncate(keep); terr != nil {
+		return fmt.Errorf("flush: %w", errors.Join(err, terr))
+	}
+	b.size, b.reason = keep, ""
+	b.settleFileLocked()
+	m := b.m
+	m.mu.Lock()
+	// Rate-limited with the quota's cuts: a client can repeat it at will.
+	if t := now(); t.Sub(m.warned[limitCut]) >= warnEvery || m.warned[limitCut].IsZero() {
+		m.warned[limitCut] = t
+		m.log.Warn(fmt.Sprintf("uid %d wrote past the end of a file through a zero-copy open, more than could be registered: taken back to the %s registered at the writer's close", b.owner, bytesize.Format(keep)),
+			"uid", b.owner, "kept", keep, "err", err)
+	}
+	m.mu.Unlock()
+	return fmt.Errorf("flush: %w; taken back to the %s registered", err, bytesize.Format(keep))
 }

@@ -55,6 +55,11 @@ type Manager struct {
 	// writers are the buffers with writable descriptors open: where pages
 	// the daemon has not seen can come from.
 	writers map[*Buffer]struct{}
+	// kept are descriptors of unlinked files that only the kernel's
+	// inodes hold (mapped), counted in openFds: the file's memory is
+	// freed through it, at once, when nothing holds the file any more
+	// (charge.go).
+	kept map[*Buffer]int
 	// sources are the buffers registered in place and not stale, which
 	// watchSources (running once watching is set) looks at.
 	sources  map[*Buffer]struct{}
@@ -96,6 +101,7 @@ func NewManager(dev verbs.Device, opt Options, log *slog.Logger) *Manager {
 		users:    make(map[uint32]*UserStats),
 		warned:   make(map[limitKind]time.Time),
 		writers:  make(map[*Buffer]struct{}),
+		kept:     make(map[*Buffer]int),
 		sources:  make(map[*Buffer]struct{}),
 		releases: make(chan struct{}),
 	}
@@ -230,6 +236,13 @@ func (m *Manager) Close() (Freed, error) {
 		freed.UnpinnedBytes += unpinned
 	}
 
+	m.mu.Lock()
+	for b, fd := range m.kept { // the mount is going: no mapping is left
+		unix.Close(fd)
+		delete(m.kept, b)
+		m.openFds--
+	}
+	m.mu.Unlock()
 	for d := range m.domainsSnapshot() {
 		if p := d.Pool(); p != nil {
 			// After the slots' buffers, before the PD.

@@ -27,9 +27,10 @@ import (
 // from the store's own bound (store.Reserver), so that the kernel's bound
 // on the store and the pools together stays the budget.
 //
-// A slot is zeroed once its file is unlinked, or at the last release of
-// a file unlinked while open, and only then given again: no byte of one
-// file is readable through the next one given its slot. The zeroing is
+// A slot is zeroed once its file is unlinked, or, for a file unlinked
+// while a client held it open or mapped, once nothing holds it (charge.go:
+// a mapping outlives its descriptor), and only then given again: no byte
+// of one file is readable through the next one given its slot. The zeroing is
 // done without the pool's lock; a create that finds no free slot but one
 // being zeroed waits for it. (A worker zeroing off the unlink's path
 // measured slower on two CPUs: docs/BENCHMARKS.md.)
@@ -53,8 +54,8 @@ type Pool struct {
 	// until it is 0); done is signalled (on mu) whenever one is.
 	zeroing int
 	done    *sync.Cond
-	// held: slots of files unlinked while open, given back at their last
-	// close.
+	// held: slots of files unlinked while held (open or mapped), given
+	// back when nothing holds them; after close, each still charged.
 	held   int
 	access verbs.Access
 	closed bool
@@ -195,9 +196,16 @@ func (p *Pool) slotsLocked() int {
 }
 
 // SetSlots grows the pool to n slots (new chunks) or shrinks it by
-// freeing whole chunks from the end: EINVAL when n is not where a chunk
-// ends, EBUSY when a slot to free is in use.
-func (p *Pool) SetSlots(n int) error {
+// freeing whole chunks from the end, asked by uid by: EINVAL when n is
+// not where a chunk ends, EBUSY when a slot to free is in use. Only the
+// pool's owner, who pays for every slot, or root changes them (EPERM):
+// anyone else who may write the directory would grow it on the owner's
+// quota.
+func (p *Pool) SetSlots(n int, by uint32) error {
+	if by != p.owner && by != 0 {
+		return fmt.Errorf("pool of pd %d: only its owner (uid %d), who pays for its slots, or root changes them, not uid %d: %w",
+			p.d.handle, p.owner, by, syscall.EPERM)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -220,20 +228,59 @@ func (p *Pool) SetSlots(n int) error {
 		return fmt.Errorf("pool of %d slots: chunks end at slot %d, not %d; a pool shrinks by whole chunks: %w",
 			have, p.chunks[k-1].first+p.chunks[k-1].n, n, syscall.EINVAL)
 	}
-	for p.zeroing > 0 {
-		p.done.Wait() // its chunk may be one to free
-	}
-	free := make(map[int]bool, len(p.free))
-	for _, i := range p.free {
-		free[i] = true
-	}
-	for i := n; i < have; i++ {
-		if !free[i] {
-			return fmt.Errorf("pool: slot %d is in use (or held open): %w", i, syscall.EBUSY)
+	// A slot of a file removed a moment ago may be held until the
+	// kernel's RELEASE or FORGET reaches the daemon: waited for, briefly.
+	deadline := time.Now().Add(releaseWait)
+	for {
+		for p.zeroing > 0 {
+			p.done.Wait() // its chunk may be one to free
+		}
+		if p.closed {
+			return fmt.Errorf("pool: %w", syscall.ENOENT)
+		}
+		i := p.usedFromLocked(n)
+		if i < 0 {
+			break
+		}
+		if p.held == 0 || !p.waitGiveLocked(deadline) {
+			return fmt.Errorf("pool: slot %d is in use (or held open or mapped): %w", i, syscall.EBUSY)
 		}
 	}
 	p.free = slices.DeleteFunc(p.free, func(i int) bool { return i >= n })
 	return p.dropToLocked(k)
+}
+
+// usedFromLocked is the first slot from n on that is not free, or -1.
+// Callers hold p.mu.
+func (p *Pool) usedFromLocked(n int) int {
+	free := make(map[int]bool, len(p.free))
+	for _, i := range p.free {
+		free[i] = true
+	}
+	for i := n; i < p.slotsLocked(); i++ {
+		if !free[i] {
+			return i
+		}
+	}
+	return -1
+}
+
+// waitGiveLocked waits, releasing p.mu meanwhile, for a slot to be given
+// back or for deadline; it says whether the deadline is still ahead.
+// Callers hold p.mu.
+func (p *Pool) waitGiveLocked(deadline time.Time) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	t := time.AfterFunc(left, func() {
+		p.mu.Lock()
+		p.done.Broadcast()
+		p.mu.Unlock()
+	})
+	defer t.Stop()
+	p.done.Wait()
+	return true
 }
 
 // growLocked adds n slots in new chunks, all or nothing: admitted and
@@ -268,7 +315,7 @@ func (p *Pool) growLocked(n int) error {
 		c, err := p.makeChunk(first, k)
 		if err != nil {
 			for _, c := range made {
-				p.dropLocked(c)
+				p.dropLocked(c, 0)
 			}
 			if r, ok := m.store.(store.Reserver); ok {
 				r.Unreserve(bytes)
@@ -348,7 +395,7 @@ func (p *Pool) unmapChunk(c *chunk) {
 // p.mu.
 func (p *Pool) dropToLocked(k int) error {
 	for len(p.chunks) > k {
-		if err := p.dropLocked(p.chunks[len(p.chunks)-1]); err != nil {
+		if err := p.dropLocked(p.chunks[len(p.chunks)-1], 0); err != nil {
 			return err
 		}
 		p.chunks = p.chunks[:len(p.chunks)-1]
@@ -357,8 +404,10 @@ func (p *Pool) dropToLocked(k int) error {
 }
 
 // dropLocked deregisters c, then unmaps it and gives its memory back to
-// the budget and the store. Callers hold p.mu.
-func (p *Pool) dropLocked(c *chunk) error {
+// the budget and the store but for keep bytes: slots that clients still
+// map, whose memory goes (and is uncharged, give) with their last
+// mapping. Callers hold p.mu.
+func (p *Pool) dropLocked(c *chunk, keep uint64) error {
 	m := p.m
 	if rest, err := m.deregister(c.regs, p.owner, true); err != nil {
 		c.regs = rest
@@ -366,7 +415,14 @@ func (p *Pool) dropLocked(c *chunk) error {
 	}
 	c.regs = nil
 	p.unmapChunk(c)
-	bytes := uint64(c.n) * p.slot
+	p.uncharge(uint64(c.n)*p.slot - keep)
+	return nil
+}
+
+// uncharge gives bytes of the pool's memory, freed, back to the budget
+// and the store.
+func (p *Pool) uncharge(bytes uint64) {
+	m := p.m
 	if r, ok := m.store.(store.Reserver); ok {
 		r.Unreserve(bytes)
 	}
@@ -374,12 +430,13 @@ func (p *Pool) dropLocked(c *chunk) error {
 	m.setChargeLocked(p.holder, p.holder.charge.Load()-min(bytes, p.holder.charge.Load()))
 	m.memAt = time.Time{} // memory was freed: read MemAvailable afresh
 	m.mu.Unlock()
-	return nil
 }
 
 // close frees every chunk (the pool's directory is removed, or the
-// manager closes); its slots' buffers are gone before. Errors leave the
-// chunks that could not be deregistered.
+// manager closes); its slots' buffers are gone before. The slots of files
+// unlinked while held stay charged to the pool's owner until nothing
+// holds them (give): a client's mapping keeps their pages. Errors leave
+// the chunks that could not be deregistered.
 func (p *Pool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -387,8 +444,15 @@ func (p *Pool) close() error {
 	for p.zeroing > 0 {
 		p.done.Wait()
 	}
-	if err := p.dropToLocked(0); err != nil {
-		return err
+	keep := uint64(p.held) * p.slot
+	for len(p.chunks) > 0 {
+		c := p.chunks[len(p.chunks)-1]
+		k := min(keep, uint64(c.n)*p.slot)
+		if err := p.dropLocked(c, k); err != nil {
+			return err
+		}
+		keep -= k
+		p.chunks = p.chunks[:len(p.chunks)-1]
 	}
 	p.free = nil
 	return nil
@@ -450,20 +514,13 @@ func (p *Pool) take() (int, error) {
 			continue
 		case p.held > 0 && deadline.IsZero():
 			deadline = time.Now().Add(releaseWait)
-			t := time.AfterFunc(releaseWait, func() {
-				p.mu.Lock()
-				p.done.Broadcast()
-				p.mu.Unlock()
-			})
-			defer t.Stop()
-			fallthrough
-		case p.held > 0 && time.Now().Before(deadline):
-			p.done.Wait()
+			continue
+		case p.held > 0 && p.waitGiveLocked(deadline):
 			continue
 		}
 		open := ""
 		if n := p.held; n > 0 {
-			open = fmt.Sprintf(" (%d of them by files unlinked, still open)", n)
+			open = fmt.Sprintf(" (%d of them by files unlinked, still open or mapped)", n)
 		}
 		m := p.m
 		return 0, m.refuse(limitPoolFull, syscall.ENOSPC, fmt.Sprintf("pool of pd %d is full (%d slots)", p.d.handle, p.slotsLocked()),
@@ -471,16 +528,18 @@ func (p *Pool) take() (int, error) {
 	}
 }
 
-// hold counts a slot whose file was unlinked while open: give gets it
-// back at its last close.
+// hold counts a slot whose file was unlinked while held: give gets it
+// back when nothing holds it.
 func (p *Pool) hold() {
 	p.mu.Lock()
 	p.held++
 	p.mu.Unlock()
 }
 
-// give takes slot i back from its file (released: at the last close of
-// a file unlinked while open), zeroes it without mu, and makes it free.
+// give takes slot i back from its file (released: when nothing holds a
+// file unlinked while held), zeroes it without mu, and makes it free.
+// After close the slot's memory is gone with its last mapping: its
+// charge goes too.
 func (p *Pool) give(i int, released bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -489,6 +548,9 @@ func (p *Pool) give(i int, released bool) {
 	}
 	p.used--
 	if p.closed {
+		if released {
+			p.uncharge(p.slot)
+		}
 		return
 	}
 	mem := p.bytesLocked(i)

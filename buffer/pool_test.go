@@ -172,7 +172,7 @@ func TestPoolAdmission(t *testing.T) {
 		t.Fatalf("a refused pool left %d regions", mrs)
 	}
 	p := newPool(t, e, 64<<10, 4)
-	if err := p.SetSlots(8); err != nil {
+	if err := p.SetSlots(8, 0); err != nil {
 		t.Fatalf("raising the slots to 8: %v", err)
 	}
 	if in := p.Info(); in.Slots != 8 || in.Chunks != 2 {
@@ -191,10 +191,10 @@ func TestPoolAdmission(t *testing.T) {
 	if _, err := e.m.Create(other, 4096, 0); !errors.Is(err, syscall.EDQUOT) {
 		t.Fatalf("a buffer past the quota the pool fills: %v, want EDQUOT", err)
 	}
-	if err := p.SetSlots(9); !errors.Is(err, syscall.EDQUOT) {
+	if err := p.SetSlots(9, 0); !errors.Is(err, syscall.EDQUOT) {
 		t.Fatalf("raising past the quota: %v, want EDQUOT", err)
 	}
-	if err := p.SetSlots(6); !errors.Is(err, syscall.EINVAL) {
+	if err := p.SetSlots(6, 0); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("lowering to 6 (chunks end at 4 and 8): %v, want EINVAL", err)
 	}
 	b, err := e.m.Create(e.d, 0, 0)
@@ -206,7 +206,7 @@ func TestPoolAdmission(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := p.SetSlots(4); !errors.Is(err, syscall.EBUSY) {
+	if err := p.SetSlots(4, 0); !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("lowering while slot 4 is used: %v, want EBUSY", err)
 	}
 	_ = b
@@ -220,11 +220,11 @@ func TestPoolAdmission(t *testing.T) {
 func TestPoolShrink(t *testing.T) {
 	e := setup(t, buffer.Options{}, 0)
 	p := newPool(t, e, 64<<10, 4)
-	if err := p.SetSlots(8); err != nil {
+	if err := p.SetSlots(8, 0); err != nil {
 		t.Fatal(err)
 	}
 	maps := e.m.Stats().Maps
-	if err := p.SetSlots(4); err != nil {
+	if err := p.SetSlots(4, 0); err != nil {
 		t.Fatalf("lowering to 4 with the second chunk free: %v", err)
 	}
 	s := e.m.Stats()
@@ -276,7 +276,7 @@ func TestPoolWaitsForZeroing(t *testing.T) {
 func TestPoolShrinkWhileZeroing(t *testing.T) {
 	e := setup(t, buffer.Options{}, 0)
 	p := newPool(t, e, 64<<10, 1)
-	if err := p.SetSlots(2); err != nil {
+	if err := p.SetSlots(2, 0); err != nil {
 		t.Fatal(err)
 	}
 	var last *buffer.Buffer // the file of slot 1, in the second chunk
@@ -293,7 +293,7 @@ func TestPoolShrinkWhileZeroing(t *testing.T) {
 	go last.Free() // zeroes the slot before it returns
 	<-started
 	done := make(chan error, 1)
-	go func() { done <- p.SetSlots(1) }()
+	go func() { done <- p.SetSlots(1, 0) }()
 	select {
 	case err := <-done:
 		t.Fatalf("lowering to 1 returned (%v) while slot 1 was being zeroed", err)
@@ -385,5 +385,24 @@ func TestPoolWaitsForRelease(t *testing.T) {
 	fd2, err := e.m.Create(e.d, 0, 0)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("a second file in a pool of one: %v (%v), want ENOSPC", err, fd2)
+	}
+}
+
+// Only a pool's owner, who pays for its slots, or root changes them.
+func TestPoolSlotsByOwner(t *testing.T) {
+	e := setup(t, buffer.Options{}, 0)
+	p, err := e.d.MakePool(page, 1, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errnoIs(t, p.SetSlots(2, 8), syscall.EPERM)
+	if err := p.SetSlots(2, 7); err != nil {
+		t.Fatalf("the owner grows its pool: %v", err)
+	}
+	if err := p.SetSlots(1, 0); err != nil {
+		t.Fatalf("root shrinks it: %v", err)
+	}
+	if got := p.Info().Slots; got != 1 {
+		t.Fatalf("%d slots, want 1", got)
 	}
 }

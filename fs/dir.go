@@ -158,6 +158,7 @@ func (n *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		return nil, nil, 0, toErrno(n.fsys.log, "create "+name, err)
 	}
 	in := n.newFileInode(ctx, child)
+	child.holdInode()
 	child.fillEntry(out)
 	n.fsys.forget.add(f)
 	n.fsys.log.Debug("created", "name", name, "pd", n.dir.Domain().PD(), "size", f.Buffer().Info().Size)

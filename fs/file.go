@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"errors"
+	"sync"
 	"syscall"
 	"time"
 
@@ -21,6 +22,13 @@ type bufferNode struct {
 	fusefs.Inode
 	fsys *filesystem
 	f    *tree.File
+
+	mu sync.Mutex // guards: unhold, forgotten
+	// unhold ends the hold on the buffer's memory that this node keeps
+	// from its first zero-copy open until the kernel forgets it
+	// (holdInode).
+	unhold    func()
+	forgotten bool
 }
 
 var (
@@ -29,7 +37,39 @@ var (
 	_ = (fusefs.NodeOpener)((*bufferNode)(nil))
 	_ = (fusefs.NodeAllocater)((*bufferNode)(nil))
 	_ = (fusefs.NodeFsyncer)((*bufferNode)(nil))
+	_ = (fusefs.NodeOnForgetter)((*bufferNode)(nil))
 )
+
+// holdInode keeps the buffer's memory (and its charge) until the kernel
+// forgets this node, once a zero-copy open made it: the client may map
+// the file, and FUSE passthrough makes that a mapping of the daemon's
+// own file, which outlives the descriptor. RELEASE comes at the close;
+// the kernel's inode, and with it this node, stays until the munmap. So
+// the memory of a file unlinked after its close, or a pool slot, is not
+// freed, reused or uncharged under a mapping.
+func (n *bufferNode) holdInode() {
+	if !n.fsys.ZeroCopy {
+		return // no client can map it shared
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.unhold == nil && !n.forgotten {
+		n.unhold = n.f.Buffer().HoldInode()
+	}
+}
+
+// OnForget comes at the kernel's FORGET: no descriptor and no mapping
+// of the file is left in the kernel.
+func (n *bufferNode) OnForget() {
+	n.mu.Lock()
+	unhold := n.unhold
+	n.unhold, n.forgotten = nil, true
+	n.mu.Unlock()
+	if unhold != nil {
+		// Off the request loop: giving a slot back zeroes it.
+		go unhold()
+	}
+}
 
 func (n *bufferNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if fd := n.orphanFd(f); fd != nil {
@@ -164,6 +204,7 @@ func (n *bufferNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle,
 	if err != nil {
 		return nil, 0, toErrno(n.fsys.log, "open", err)
 	}
+	n.holdInode()
 	return fh, fuseFlags, 0
 }
 

@@ -77,7 +77,7 @@ func (n *dirNode) setPool(v string, uid uint32) error {
 		if have := p.Info().Slot; s.slot != 0 && store.PageRound(s.slot) != have {
 			return fmt.Errorf("a pool's slot size (%s) cannot change; make another pool: %w", compactSize(have), syscall.EINVAL)
 		}
-		return p.SetSlots(s.slots)
+		return p.SetSlots(s.slots, uid)
 	}
 	if s.slot == 0 {
 		return fmt.Errorf("pool %q: slot=SIZE is missing: %w", v, syscall.EINVAL)

@@ -33,7 +33,9 @@ func readInt(t *testing.T, path string) int64 {
 }
 
 // sharedDir opens the mount to other users: the test's directories on
-// the way become 0755, and a 1777 directory of the mount is returned.
+// the way become 0755, and a 0777 directory of the mount is returned (not
+// sticky: users may remove and, through fs.protected_regular, reopen
+// each other's files, as root's chown makes them).
 func sharedDir(t *testing.T, d *daemon) string {
 	t.Helper()
 	for p := d.mnt; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
@@ -45,7 +47,7 @@ func sharedDir(t *testing.T, d *daemon) string {
 	if err := os.Mkdir(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(shared, 0o1777); err != nil {
+	if err := os.Chmod(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	return shared
@@ -81,8 +83,9 @@ func requireHeld(t *testing.T, d *daemon, what string) mrfsStats {
 	}
 }
 
-// waitReleased waits until no unlinked file is held open: the kernel
-// sends FUSE's RELEASE after a client's close returns.
+// waitReleased waits until no unlinked file is held open or mapped: the
+// kernel sends FUSE's RELEASE after a client's close returns, and its
+// FORGET after the unlink or the munmap.
 func waitReleased(t *testing.T, d *daemon) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second * slowFactor()); readStats(t, d.mnt).OpenUnlinked != 0; {
@@ -279,6 +282,10 @@ func TestRemovedFileMakesRoom(t *testing.T) {
 	// removedWhileOpen fills the budget through f, removes f and returns
 	// it still open.
 	removedWhileOpen := func() *os.File {
+		// The write below goes to the store, not through the daemon: the
+		// memory of the files removed before must be back (at the
+		// kernel's FORGET, which comes after the unlink returns).
+		waitReleased(t, d)
 		f, err := os.OpenFile(d.path("f"), os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			t.Fatal(err)

@@ -21,7 +21,8 @@ import (
 // TestSharedMountChurn: four users, eight threads each, for a minute on a
 // shared mount whose per-user quotas add up exactly to the budget:
 // truncate, fallocate (with and without KEEP_SIZE), appends through
-// zero-copy opens, stores through MAP_SHARED, unlink while open, and root
+// zero-copy opens, stores through MAP_SHARED, mappings kept past their
+// close (and the file unlinked under them), unlink while open, and root
 // moving files between users with chown. Every 10 ms the daemon's word is
 // checked: the charges are the users' and within the budget, and the
 // store holds no more than is charged but for appends not yet seen (the
@@ -334,7 +335,7 @@ func (c *churner) size() int64 {
 
 func (c *churner) step() {
 	f := c.files[c.rng.IntN(len(c.files))]
-	switch c.rng.IntN(7) {
+	switch c.rng.IntN(8) {
 	case 0: // truncate
 		c.op = "truncate"
 		fd, err := unix.Open(f, unix.O_CREAT|unix.O_RDWR, 0o644)
@@ -402,5 +403,31 @@ func (c *churner) step() {
 		if !errors.Is(err, unix.ENOENT) {
 			c.note(err)
 		}
+	case 7: // a mapping outlives its descriptor: map, close, maybe unlink, store, munmap
+		c.op = "map after close"
+		fd, err := unix.Open(f, unix.O_RDWR, 0)
+		if errors.Is(err, unix.ENOENT) || !c.note(err) {
+			return
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil || st.Size == 0 {
+			unix.Close(fd)
+			return
+		}
+		p, err := unix.MmapPtr(fd, 0, nil, uintptr(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		unix.Close(fd)
+		if !c.note(err) {
+			return
+		}
+		if c.rng.IntN(2) == 0 {
+			c.op = "unlink while mapped"
+			c.note(unix.Unlink(f))
+		}
+		b := unsafe.Slice((*byte)(p), st.Size)
+		for i := int64(0); i < st.Size; i += 4096 {
+			b[i]++
+		}
+		time.Sleep(time.Duration(c.rng.IntN(20)) * time.Millisecond)
+		unix.MunmapPtr(p, uintptr(st.Size))
 	}
 }

@@ -326,7 +326,7 @@ func TestPoolsSharedMount(t *testing.T) {
 	if err := os.Mkdir(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(shared, 0o1777); err != nil {
+	if err := os.Chmod(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	for p := filepath.Dir(d.mnt); p != filepath.Dir(p) && strings.HasPrefix(p, os.TempDir()+"/"); p = filepath.Dir(p) {
@@ -549,4 +549,26 @@ func TestPoolPublish(t *testing.T) {
 	} else if now[prefix+"/pool/b"] != nil || now[prefix+"/pool/a"] == nil {
 		t.Errorf("after rm of pool/b: b published %v, a published %v; want only a", now[prefix+"/pool/b"] != nil, now[prefix+"/pool/a"] != nil)
 	}
+}
+
+// Another user who may write a pool's directory cannot grow it on its
+// maker's quota: only the maker (or root) changes its slots.
+func TestPoolSlotsOnlyByMaker(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Mount: "allow_other = true"})
+	sharedDir(t, d)
+	p := makePool(t, d, "shared/pool", "4KiB", 2)
+	// Not sticky: there the kernel itself lets only the owner set the
+	// directory's attributes.
+	if err := unix.Chmod(p, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	out, err := asUser(1000, `setfattr -n user.mrfs.pool -v slots=60 "$1"`, p)
+	if err == nil || !strings.Contains(out, "Operation not permitted") {
+		t.Errorf("uid 1000 growing root's pool: %v %q, want Operation not permitted", err, out)
+	}
+	if got := mustXattr(t, p, xPool); got != "slot=4KiB,slots=2,used=0,chunks=1" {
+		t.Errorf("after uid 1000's try: %q", got)
+	}
+	mustSetxattr(t, p, xPool, "slots=4")
 }
