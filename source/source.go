@@ -278,10 +278,12 @@ func procFile(root int, pid, n string) (int, error) {
 }
 
 // notDaemon refuses /proc/PID (dir, in the caller's /proc) when it is a
-// thread of the daemon's. PIDs differ between namespaces, so it compares
-// the start time of the thread group's leader with the daemon's own: the
-// same moment is the daemon or, at worst, a process started in the same
-// clock tick, which is refused too.
+// thread of the daemon's. In the daemon's own /proc (the same proc
+// instance) the thread group's id says it. PIDs differ between
+// namespaces, so in another /proc it compares the start time of the
+// thread group's leader with the daemon's own: the same moment is the
+// daemon or, at worst, a process started in the same clock tick (10 ms),
+// which is refused too.
 func notDaemon(dir int) error {
 	status, err := readAt(dir, "status")
 	if err != nil {
@@ -292,6 +294,13 @@ func notDaemon(dir int) error {
 		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
 			tgid = strings.TrimSpace(v)
 		}
+	}
+	var st, self unix.Stat_t
+	if unix.Fstat(dir, &st) == nil && unix.Stat("/proc/self/", &self) == nil && st.Dev == self.Dev {
+		if tgid == "" || tgid == strconv.Itoa(os.Getpid()) {
+			return fmt.Errorf("the daemon's own descriptors are not sources: %w", syscall.EACCES)
+		}
+		return nil
 	}
 	theirs, err := readAt(dir, "../"+tgid+"/stat")
 	if err != nil {

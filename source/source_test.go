@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -214,5 +216,37 @@ func TestFileKeepsItsSize(t *testing.T) {
 	}
 	if size, held, err := f.Stat(); size != 8192 || held != 8192 || err != nil {
 		t.Errorf("Stat: %d, %d, %v", size, held, err)
+	}
+}
+
+// notDaemon knows the daemon in its own /proc by pid, and in another
+// proc instance (a caller's pid namespace) by its start time.
+func TestNotDaemon(t *testing.T) {
+	requireRoot(t)
+	other := t.TempDir()
+	if err := unix.Mount("proc", other, "proc", 0, ""); err != nil {
+		t.Skipf("cannot mount another proc instance here: %v", err)
+	}
+	defer unix.Unmount(other, unix.MNT_DETACH)
+	// Two clock ticks after this process began: in another proc
+	// instance only the start time tells the daemon apart.
+	time.Sleep(20 * time.Millisecond)
+	parent := exec.Command("sleep", "60")
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { parent.Process.Kill(); parent.Wait() }()
+	for _, procRoot := range []string{"/proc", other} {
+		for pid, daemon := range map[int]bool{os.Getpid(): true, parent.Process.Pid: false} {
+			dir, err := unix.Open(fmt.Sprintf("%s/%d", procRoot, pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = notDaemon(dir)
+			unix.Close(dir)
+			if daemon != errors.Is(err, syscall.EACCES) {
+				t.Errorf("%s/%d (the daemon: %v): %v", procRoot, pid, daemon, err)
+			}
+		}
 	}
 }
