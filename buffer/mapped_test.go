@@ -34,6 +34,18 @@ func mapFd(t *testing.T, fd *buffer.Fd, n int) []byte {
 	return m
 }
 
+// openZeroCopy is a client's zero-copy open of b: its descriptor, and
+// the hold of the kernel's inode that the open takes (HoldInode), which
+// release ends as the kernel's FORGET would.
+func openZeroCopy(t *testing.T, b *buffer.Buffer) (fd *buffer.Fd, release func()) {
+	t.Helper()
+	fd, err := b.Open(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd, b.HoldInode()
+}
+
 // readable says whether every byte of m can be read (a truncated file's
 // mapping faults with SIGBUS), and returns them.
 func readable(m []byte) (got []byte, ok bool) {
@@ -57,11 +69,7 @@ func TestMappingKeepsUnlinkedFile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fd, err := b.Open(true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		release := b.HoldInode()
+		fd, release := openZeroCopy(t, b)
 		m := mapFd(t, fd, 4*page)
 		copy(m, pattern(4*page, 3))
 		if unlinkOpen {
@@ -99,11 +107,7 @@ func TestMappingKeepsSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd, err := b.Open(true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := b.HoldInode()
+	fd, release := openZeroCopy(t, b)
 	m := mapFd(t, fd, page)
 	copy(m, "secret")
 	fd.Close()
@@ -125,17 +129,10 @@ func TestMappingKeepsSlot(t *testing.T) {
 	}
 
 	// The pool goes while a slot is mapped: that slot stays charged.
-	fd, err = (func() (*buffer.Fd, error) {
-		b, err = e.m.Create(e.d, 0, 0)
-		if err != nil {
-			return nil, err
-		}
-		return b.Open(true)
-	})()
-	if err != nil {
+	if b, err = e.m.Create(e.d, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	release = b.HoldInode()
+	fd, release = openZeroCopy(t, b)
 	fd.Close()
 	if err := b.Free(); err != nil {
 		t.Fatal(err)
@@ -184,11 +181,7 @@ func TestChownWaitsForRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd, err := a.Open(true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := a.HoldInode()
+	fd, release := openZeroCopy(t, a)
 	fd.Close()
 	if err := a.Free(); err != nil {
 		t.Fatal(err)
@@ -223,11 +216,7 @@ func TestPoolShrinkWaitsForRelease(t *testing.T) {
 	if bs[1].Info().Pool.Index == 1 {
 		last = bs[1]
 	}
-	fd, err := last.Open(true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := last.HoldInode()
+	fd, release := openZeroCopy(t, last)
 	fd.Close()
 	if err := last.Free(); err != nil {
 		t.Fatal(err)
