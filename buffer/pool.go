@@ -168,7 +168,7 @@ func (p *Pool) reopenableLocked() error {
 		unix.Close(fd)
 		return nil
 	}
-	if derr := p.dropToLocked(0); derr != nil {
+	if derr := p.dropToLocked(0, 0); derr != nil {
 		return errors.Join(err, derr)
 	}
 	p.free = nil
@@ -247,7 +247,7 @@ func (p *Pool) SetSlots(n int, by uint32) error {
 		}
 	}
 	p.free = slices.DeleteFunc(p.free, func(i int) bool { return i >= n })
-	return p.dropToLocked(k)
+	return p.dropToLocked(k, 0)
 }
 
 // usedFromLocked is the first slot from n on that is not free, or -1.
@@ -390,14 +390,18 @@ func (p *Pool) unmapChunk(c *chunk) {
 	p.m.unreserveMaps(c.n)
 }
 
-// dropToLocked frees the chunks past the first k, the last first; one
-// that cannot be deregistered stays, with those before it. Callers hold
-// p.mu.
-func (p *Pool) dropToLocked(k int) error {
+// dropToLocked frees the chunks past the first k, the last first, but
+// for keep bytes of their memory, which stay charged (slots clients still
+// map: give uncharges each); one that cannot be deregistered stays, with
+// those before it. Callers hold p.mu.
+func (p *Pool) dropToLocked(k int, keep uint64) error {
 	for len(p.chunks) > k {
-		if err := p.dropLocked(p.chunks[len(p.chunks)-1], 0); err != nil {
+		c := p.chunks[len(p.chunks)-1]
+		kc := min(keep, uint64(c.n)*p.slot)
+		if err := p.dropLocked(c, kc); err != nil {
 			return err
 		}
+		keep -= kc
 		p.chunks = p.chunks[:len(p.chunks)-1]
 	}
 	return nil
@@ -444,15 +448,8 @@ func (p *Pool) close() error {
 	for p.zeroing > 0 {
 		p.done.Wait()
 	}
-	keep := uint64(p.held) * p.slot
-	for len(p.chunks) > 0 {
-		c := p.chunks[len(p.chunks)-1]
-		k := min(keep, uint64(c.n)*p.slot)
-		if err := p.dropLocked(c, k); err != nil {
-			return err
-		}
-		keep -= k
-		p.chunks = p.chunks[:len(p.chunks)-1]
+	if err := p.dropToLocked(0, uint64(p.held)*p.slot); err != nil {
+		return err
 	}
 	p.free = nil
 	return nil
