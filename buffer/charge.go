@@ -203,14 +203,17 @@ func (b *Buffer) keepsLocked() bool {
 // outlives its descriptor: FUSE passthrough maps the daemon's own file,
 // so RELEASE comes at the close while the pages are still mapped, and the
 // kernel's inode stays until the munmap. Called while a descriptor of b is
-// open; release is idempotent.
-func (b *Buffer) HoldInode() (release func()) {
+// open. release is quick and idempotent; when it ends the last hold of a
+// removed file it returns free, which frees the memory (it may truncate
+// or zero gigabytes: the caller runs it where that may take a while) and
+// then drops the charge.
+func (b *Buffer) HoldInode() (release func() (free func())) {
 	m := b.m
 	m.mu.Lock()
 	b.inodes++
 	m.mu.Unlock()
 	var once sync.Once
-	return func() {
+	return func() (free func()) {
 		once.Do(func() {
 			m.mu.Lock()
 			b.inodes--
@@ -227,15 +230,18 @@ func (b *Buffer) HoldInode() (release func()) {
 			// No mapping is left: the memory goes now, before its
 			// charge (the kernel would free it only once every
 			// reference of its own is gone).
-			b.freeMemory(func() error {
-				if !kept {
-					return nil // a descriptor could not be kept: the kernel frees it
-				}
-				defer unix.Close(fd)
-				return unix.Ftruncate(fd, 0)
-			}, true)
-			b.released()
+			free = func() {
+				b.freeMemory(func() error {
+					if !kept {
+						return nil // a descriptor could not be kept: the kernel frees it
+					}
+					defer unix.Close(fd)
+					return unix.Ftruncate(fd, 0)
+				}, true)
+				b.released()
+			}
 		})
+		return free
 	}
 }
 

@@ -43,7 +43,12 @@ func openZeroCopy(t *testing.T, b *buffer.Buffer) (fd *buffer.Fd, release func()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fd, b.HoldInode()
+	hold := b.HoldInode()
+	return fd, func() {
+		if free := hold(); free != nil {
+			free()
+		}
+	}
 }
 
 // readable says whether every byte of m can be read (a truncated file's

@@ -27,7 +27,7 @@ type bufferNode struct {
 	// unhold ends the hold on the buffer's memory that this node keeps
 	// from its first zero-copy open until the kernel forgets it
 	// (holdInode).
-	unhold    func()
+	unhold    func() (free func())
 	forgotten bool
 }
 
@@ -65,9 +65,13 @@ func (n *bufferNode) OnForget() {
 	unhold := n.unhold
 	n.unhold, n.forgotten = nil, true
 	n.mu.Unlock()
-	if unhold != nil {
-		// Off the request loop: giving a slot back zeroes it.
-		go unhold()
+	if unhold == nil {
+		return
+	}
+	if free := unhold(); free != nil {
+		// Off the request loop: freeing truncates the file or zeroes
+		// the slot. Only the last hold of a removed file gets here.
+		go free()
 	}
 }
 
