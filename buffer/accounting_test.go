@@ -2,6 +2,7 @@ package buffer_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -540,4 +542,53 @@ func TestFlushWaitsForRegistration(t *testing.T) {
 	if got := held(t, e); got != 64*mib {
 		t.Fatalf("held %d after the writes past the quota were taken back", got)
 	}
+}
+
+// A population that faults on the store's own pages met a full store,
+// even if writes past a quota were taken back by the time anyone looks
+// (their writer closed): the failure names the store and the
+// registration is tried again, not passed on as a bare EFAULT. One that
+// keeps faulting is refused with ENOSPC naming the store.
+func TestFaultIsStoreFull(t *testing.T) {
+	needTmpfs(t)
+	ev := &events{}
+	e := setup(t, buffer.Options{MaxPinned: 64 << 20, PopulateThreshold: buffer.PopulateChunk, PopulateWorkers: 1, Events: ev}, 0)
+	b := e.create(t, page)
+	var faults atomic.Int32
+	populateHook(t, func(p unsafe.Pointer, n uint64) error {
+		if faults.Add(-1) >= 0 {
+			return syscall.EFAULT
+		}
+		return buffer.PopulateRange(p, n)
+	})
+	faults.Store(1)
+	if err := b.Resize(context.Background(), 2*buffer.PopulateChunk); err != nil {
+		t.Fatalf("a fault while the store had room again: %v, want the second try to succeed", err)
+	}
+	if ev.hits() != "store" {
+		t.Fatalf("limits hit %q, want the store", ev.hits())
+	}
+	faults.Store(2)
+	err := b.Resize(context.Background(), 4*buffer.PopulateChunk)
+	errnoIs(t, err, syscall.ENOSPC)
+	if !strings.Contains(err.Error(), "the store is full") {
+		t.Fatalf("a fault twice: %v, want a refusal naming the store", err)
+	}
+	check(t, e, b, 2*buffer.PopulateChunk, buffer.Registered)
+
+	// The pin of a small registration faults in the pages itself.
+	c := e.create(t, page)
+	faults.Store(1)
+	e.dev.mu.Lock()
+	e.dev.failReg = func(uint64, verbs.Access) error {
+		if faults.Add(-1) >= 0 {
+			return fmt.Errorf("reg_mr: a page cannot be faulted in: %w", syscall.EFAULT)
+		}
+		return nil
+	}
+	e.dev.mu.Unlock()
+	if err := c.Resize(context.Background(), 2*page); err != nil {
+		t.Fatalf("a pin's fault while the store had room again: %v, want the second try to succeed", err)
+	}
+	check(t, e, c, 2*page, buffer.Registered)
 }

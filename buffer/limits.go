@@ -237,11 +237,15 @@ func orphanNote(n uint64) string {
 
 // storeFull names the store behind a failure to make pages (a population
 // that faulted, an mlock that could not fault n bytes in) when the store
-// has no room left: pages clients wrote unseen took it. Any other failure
-// passes through.
-func (m *Manager) storeFull(err error, n uint64) error {
+// has no room left: pages clients wrote unseen took it. own says the
+// pages are the store's (not a source's): then a fault (EFAULT) or ENOSPC
+// is the store's refusal even if it has room by now, as writes past a
+// quota are taken back at their writer's close. Any other failure passes
+// through.
+func (m *Manager) storeFull(err error, n uint64, own bool) error {
 	used, size, ok := m.store.Usage()
-	if g, _ := m.store.Grain(); !ok || used+min(n, g) <= size {
+	refused := own && (verbs.Errno(err) == syscall.EFAULT || verbs.Errno(err) == syscall.ENOSPC)
+	if g, _ := m.store.Grain(); !refused && (!ok || used+min(n, g) <= size) {
 		return err
 	}
 	return m.refuse(limitStore, syscall.ENOSPC,
@@ -261,7 +265,7 @@ func (m *Manager) fill(b *Buffer, n uint64, fill func() error) error {
 	}
 	m.chargeUnseen(b)
 	if err = fill(); errors.Is(err, syscall.ENOSPC) {
-		return m.storeFull(err, n)
+		return m.storeFull(err, n, true)
 	}
 	return err
 }

@@ -86,14 +86,15 @@ func (p *progress) add(n uint64) {
 func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum uint32, base unsafe.Pointer, length, oldLen, newFrom uint64, owner uint32, a verbs.Access, prog *progress) (regions, error) {
 	addr := uintptr(base)
 	what := fmt.Sprintf("register %s in pd %d", bytesize.Format(length), pdNum)
-	if src, ok := f.(Source); ok {
+	src, isSource := f.(Source)
+	if isSource {
 		if err := fillSource(src, base, length); err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		prog.add(length)
 	} else if t := m.opt.PopulateThreshold; t > 0 && length >= t && newFrom < length {
 		if err := m.populate(ctx, base, newFrom, length, prog); err != nil {
-			return nil, fmt.Errorf("%s: populate: %w", what, m.storeFull(err, length))
+			return nil, fmt.Errorf("%s: populate: %w", what, m.storeFull(err, length, true))
 		}
 	} else {
 		prog.add(length - min(newFrom, length))
@@ -123,7 +124,7 @@ func (m *Manager) register(ctx context.Context, f store.File, pd verbs.PD, pdNum
 			}
 			if shrank(f, length) {
 				err = fmt.Errorf("%w: %w", errRaced, err)
-			} else if serr := m.storeFull(err, n); serr != err {
+			} else if serr := m.storeFull(err, n, !isSource); serr != err {
 				err = serr
 			} else {
 				m.mu.Lock()

@@ -78,10 +78,16 @@ func pin(addr uintptr, length uint64) (pinning, error) {
 			_ = munlock(z.start*pageSize, (z.end-z.start)*pageSize)
 		}
 		if err == syscall.ENOMEM {
-			// ENOMEM is either a hole in the range or mlock's own
-			// RLIMIT_MEMLOCK check; msync tells them apart.
+			// ENOMEM is a hole in the range (msync tells), a page that
+			// cannot be faulted in, or mlock's own RLIMIT_MEMLOCK check.
 			if msync(p.first*pageSize, p.pages()*pageSize) == syscall.ENOMEM {
 				return pinning{}, fmt.Errorf("range 0x%x+%d is not mapped: %w", start, length, syscall.EFAULT)
+			}
+			if privileged || lim.Cur == unix.RLIM_INFINITY {
+				// No limit applies: a page could not be made (a full
+				// tmpfs, a file shorter than the range). The kernel's
+				// pin meets that fault as SIGBUS and answers EFAULT.
+				return pinning{}, fmt.Errorf("range 0x%x+%d: a page cannot be faulted in: %w", start, length, syscall.EFAULT)
 			}
 			return pinning{}, fmt.Errorf("mlock refused by RLIMIT_MEMLOCK %s: %w", bytesize.Format(lim.Cur), syscall.ENOMEM)
 		}

@@ -549,3 +549,37 @@ func TestOpenMissingNamesSetting(t *testing.T) {
 	}
 	dev.Close()
 }
+
+// A page that cannot be made (here past the end of the file mapped, as
+// in a full tmpfs) fails the pin with EFAULT, as the kernel's pin meets
+// the fault as SIGBUS; mrfs tells a full store from a memlock limit by it.
+func TestPinFaultIsEFAULT(t *testing.T) {
+	if !verbs.CanLockMemory() {
+		t.Skip("needs CAP_IPC_LOCK: without it an mlock failure may be RLIMIT_MEMLOCK's")
+	}
+	_, pd := open(t, Options{})
+	fd, err := unix.MemfdCreate("short", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 4096); err != nil {
+		t.Fatal(err)
+	}
+	p, err := unix.MmapPtr(fd, 0, nil, 2*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.MunmapPtr(p, 2*4096)
+	mr, err := pd.RegMR(uintptr(p), 2*4096, verbs.LocalWrite)
+	if err == nil {
+		mr.Dereg()
+		t.Fatal("registered a page past the end of its file")
+	}
+	if verbs.Errno(err) != syscall.EFAULT {
+		t.Fatalf("reg_mr of a page that cannot be faulted in: %v, want EFAULT", err)
+	}
+	if pins.pinned != 0 || len(pins.refs.segs) != 0 {
+		t.Errorf("left pinned: %d pages, refs %v", pins.pinned, pins.refs.segs)
+	}
+}
