@@ -1,0 +1,116 @@
+// Package fuseconn keeps a FUSE connection across the death of the
+// process that serves it (DESIGN, Restart): the connection lives as long
+// as one descriptor of /dev/fuse does, and the kernel sends its INIT only
+// once. So the descriptor is made here, by mount(2) with a descriptor the
+// caller owns (a keeper, systemd's fd store, or the process itself before
+// it executes its successor); the first server keeps the bytes of the
+// kernel's INIT; a later one adopts the connection by replaying them to
+// go-fuse, whose reply goes nowhere, and asks the kernel to send again
+// what the dead server read and never answered.
+package fuseconn
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Mount mounts a FUSE filesystem of type fuse.<subtype> at dir and
+// returns its /dev/fuse descriptor (blocking, close-on-exec), which the
+// caller owns: the connection ends when its last copy is closed.
+// options are the kernel's own FUSE mount options (allow_other,
+// default_permissions, ...), without fd, rootmode, user_id and group_id.
+func Mount(dir, source, subtype string, options []string) (int, error) {
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open /dev/fuse: %w", err)
+	}
+	data := append([]string{fmt.Sprintf("fd=%d", fd), "rootmode=40000",
+		fmt.Sprintf("user_id=%d", os.Geteuid()), fmt.Sprintf("group_id=%d", os.Getegid())}, options...)
+	if err := unix.Mount(source, dir, "fuse."+subtype, unix.MS_NOSUID|unix.MS_NODEV, strings.Join(data, ",")); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("mount fuse.%s at %s: %w", subtype, dir, err)
+	}
+	return fd, nil
+}
+
+// Serve makes a go-fuse server of fs on fd, which it takes (as
+// fuse.NewServer takes a /dev/fd/N mount point's). With init nil the
+// connection is new: the kernel's INIT is read from fd, and its bytes
+// are returned for a later server. With init, an earlier server of this
+// connection answered the kernel's INIT with the same opts: go-fuse
+// reads init from one end of a socket pair and answers into it, and fd
+// then takes that end's place, so the kernel sees no second answer.
+// The caller then calls the server's Serve.
+func Serve(fd int, init []byte, fs fuse.RawFileSystem, opts *fuse.MountOptions) (*fuse.Server, []byte, error) {
+	if init == nil {
+		srv, err := fuse.NewServer(fs, fmt.Sprintf("/dev/fd/%d", fd), opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("serve /dev/fuse: %w", err)
+		}
+		return srv, initBytes(srv.KernelSettings()), nil
+	}
+	if len(init) < int(unsafe.Sizeof(fuse.InHeader{})) {
+		unix.Close(fd)
+		return nil, nil, fmt.Errorf("adopt a FUSE connection: the saved INIT is %d bytes: %w", len(init), unix.EINVAL)
+	}
+	// Blocking, as /dev/fuse is: go-fuse reads both the same way.
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(fd)
+		return nil, nil, fmt.Errorf("adopt a FUSE connection: socketpair: %w", err)
+	}
+	defer unix.Close(pair[1])
+	if _, err := unix.Write(pair[1], init); err != nil {
+		unix.Close(fd)
+		unix.Close(pair[0])
+		return nil, nil, fmt.Errorf("adopt a FUSE connection: replay the INIT: %w", err)
+	}
+	srv, err := fuse.NewServer(fs, fmt.Sprintf("/dev/fd/%d", pair[0]), opts)
+	if err != nil {
+		unix.Close(fd)
+		return nil, nil, fmt.Errorf("adopt a FUSE connection: %w", err)
+	}
+	// The server's descriptor number now names the connection; no
+	// request has been read from it yet (Serve has not started).
+	if err := unix.Dup3(fd, pair[0], unix.O_CLOEXEC); err != nil {
+		unix.Close(fd)
+		return nil, nil, fmt.Errorf("adopt a FUSE connection: dup3: %w", err)
+	}
+	unix.Close(fd)
+	return srv, init, nil
+}
+
+// initBytes is the INIT request as the kernel sent it (header and body).
+func initBytes(in *fuse.InitIn) []byte {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(in)), unsafe.Sizeof(*in))
+	return append([]byte(nil), b[:min(int(in.Length), len(b))]...)
+}
+
+// ErrNoResend means the kernel cannot send unanswered requests again
+// (FUSE_NOTIFY_RESEND needs Linux 6.9).
+var ErrNoResend = errors.New("FUSE_NOTIFY_RESEND unsupported (Linux >= 6.9 needed)")
+
+// notifyResend is fuse_notify_code's FUSE_NOTIFY_RESEND.
+const notifyResend = 7
+
+// Resend asks the kernel to queue again every request of the connection
+// that a server read and never answered (a dead one's); they come back
+// with bit 63 of their unique set, first in the queue. Call it only when
+// no other process serves fd.
+func Resend(fd int) error {
+	h := fuse.OutHeader{Length: uint32(unsafe.Sizeof(fuse.OutHeader{})), Status: notifyResend}
+	_, err := unix.Write(fd, unsafe.Slice((*byte)(unsafe.Pointer(&h)), unsafe.Sizeof(h)))
+	if errors.Is(err, unix.EINVAL) {
+		return ErrNoResend
+	}
+	if err != nil {
+		return fmt.Errorf("FUSE_NOTIFY_RESEND: %w", err)
+	}
+	return nil
+}
