@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -113,4 +114,64 @@ func Resend(fd int) error {
 		return fmt.Errorf("FUSE_NOTIFY_RESEND: %w", err)
 	}
 	return nil
+}
+
+// The environment that hands a connection to the program a server
+// executes in its place (Exec, Inherited): the descriptor numbers of the
+// connection and of a memfd holding its INIT.
+const (
+	envFd   = "MRFS_FUSE_FD"
+	envInit = "MRFS_FUSE_INIT_FD"
+)
+
+// Exec replaces the calling process by path (a new binary: an upgrade)
+// with the connection fd kept open: the process keeps its pid, and the
+// connection never has fewer than one descriptor. init is the INIT that
+// Serve returned. Requests this process read and did not answer are lost
+// with it; the new program asks for them again (Resend). Exec returns
+// only on failure, with the descriptors as they were.
+func Exec(fd int, init []byte, path string, argv, env []string) error {
+	mfd, err := unix.MemfdCreate("mrfs-fuse-init", 0)
+	if err != nil {
+		return fmt.Errorf("hand the FUSE connection over: memfd_create: %w", err)
+	}
+	defer unix.Close(mfd)
+	if _, err := unix.Pwrite(mfd, init, 0); err != nil {
+		return fmt.Errorf("hand the FUSE connection over: write the INIT: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+		return fmt.Errorf("hand the FUSE connection over: keep fd %d open: %w", fd, err)
+	}
+	env = append(env, fmt.Sprintf("%s=%d", envFd, fd), fmt.Sprintf("%s=%d", envInit, mfd))
+	err = unix.Exec(path, argv, env)
+	unix.CloseOnExec(fd)
+	return fmt.Errorf("hand the FUSE connection over: exec %s: %w", path, err)
+}
+
+// Inherited returns the connection an earlier program of this process
+// handed over with Exec, and its INIT; ok is false when there is none.
+// It takes both from the environment, which it clears of them.
+func Inherited() (fd int, init []byte, ok bool, err error) {
+	fs, is := os.Getenv(envFd), os.Getenv(envInit)
+	if fs == "" {
+		return -1, nil, false, nil
+	}
+	os.Unsetenv(envFd)
+	os.Unsetenv(envInit)
+	fd, err1 := strconv.Atoi(fs)
+	mfd, err2 := strconv.Atoi(is)
+	if err := errors.Join(err1, err2); err != nil {
+		return -1, nil, false, fmt.Errorf("the FUSE connection handed over: %s=%q %s=%q: %w", envFd, fs, envInit, is, err)
+	}
+	defer unix.Close(mfd)
+	unix.CloseOnExec(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(mfd, &st); err != nil {
+		return -1, nil, false, fmt.Errorf("the FUSE connection handed over: its INIT: %w", err)
+	}
+	init = make([]byte, st.Size)
+	if _, err := unix.Pread(mfd, init, 0); err != nil {
+		return -1, nil, false, fmt.Errorf("the FUSE connection handed over: read its INIT: %w", err)
+	}
+	return fd, init, true, nil
 }

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +28,9 @@ const (
 	childInit = "FUSECONN_INIT"
 	childSlow = "FUSECONN_SLOW"
 	childMark = "FUSECONN_MARK"
+	// childGen counts the programs this process has been: a SIGHUP makes
+	// the child execute itself in its place (an upgrade).
+	childGen = "FUSECONN_GEN"
 )
 
 func TestMain(m *testing.M) {
@@ -52,7 +57,8 @@ func (n *slowNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, u
 	return nil, fuse.FOPEN_DIRECT_IO, 0
 }
 
-// whoNode reads as its server's pid, never from the page cache.
+// whoNode reads as its server's pid and program (pid/gen), never from
+// the page cache.
 type whoNode struct{ fusefs.Inode }
 
 var _ = (fusefs.NodeOpener)((*whoNode)(nil))
@@ -63,8 +69,16 @@ func (n *whoNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, ui
 }
 
 func (n *whoNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	b := []byte(strconv.Itoa(os.Getpid()))
+	b := []byte(whoami())
 	return fuse.ReadResultData(b[min(int(off), len(b)):]), 0
+}
+
+func whoami() string {
+	gen := os.Getenv(childGen)
+	if gen == "" {
+		gen = "1"
+	}
+	return fmt.Sprintf("%d/%s", os.Getpid(), gen)
 }
 
 func child() int {
@@ -81,16 +95,23 @@ func child() int {
 	opts.ExternalNodeID = true
 	raw := fusefs.NewNodeFS(root, opts)
 	initPath := os.Getenv(childInit)
-	var init []byte
-	if b, err := os.ReadFile(initPath); err == nil {
-		init = b
+	fd, init, handed, err := Inherited()
+	if err != nil {
+		fmt.Println(err)
+		return 1
 	}
-	keep, err := unix.Dup(3)
+	if !handed {
+		fd = 3
+		if b, err := os.ReadFile(initPath); err == nil {
+			init = b
+		}
+	}
+	keep, err := unix.Dup(fd)
 	if err != nil {
 		fmt.Println("dup:", err)
 		return 1
 	}
-	srv, got, err := Serve(3, init, raw, &opts.MountOptions)
+	srv, got, err := Serve(fd, init, raw, &opts.MountOptions)
 	if err != nil {
 		fmt.Println(err)
 		return 1
@@ -109,7 +130,20 @@ func child() int {
 		}
 		fmt.Println("resend:", Resend(keep))
 	}
-	unix.Close(keep)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		<-hup
+		gen, _ := strconv.Atoi(os.Getenv(childGen))
+		env := []string{fmt.Sprintf("%s=%d", childGen, max(gen, 1)+1)}
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, childSlow+"=") && !strings.HasPrefix(kv, childGen+"=") {
+				env = append(env, kv)
+			}
+		}
+		fmt.Println(Exec(keep, got, "/proc/self/exe", os.Args, env))
+		os.Exit(1)
+	}()
 	srv.Serve()
 	return 0
 }
@@ -122,7 +156,14 @@ func start(t *testing.T, fd int, dir string, slow bool) *exec.Cmd {
 	if slow {
 		cmd.Env = append(cmd.Env, childSlow+"=1")
 	}
-	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(fd), "/dev/fuse")}
+	// The child's copy; the test's own stays the test's.
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(dup), "/dev/fuse")
+	defer f.Close()
+	cmd.ExtraFiles = []*os.File{f}
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -176,37 +217,12 @@ func readWho(mnt string) (string, error) {
 // asks for that request again, and serves it and the requests made
 // while nobody served, without an error or ENOTCONN.
 func TestAdoptAfterKill(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting FUSE with a descriptor of our own needs root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("no /dev/fuse: %v", err)
-	}
-	dir := t.TempDir()
-	mnt := filepath.Join(dir, "mnt")
-	os.Mkdir(mnt, 0o755)
-	fd, err := Mount(mnt, "fuseconn-test", "fuseconntest", []string{"allow_other"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The connection's number, for its abort file: a stat of mnt would
-	// wait for a server.
-	conn, err := connection(mnt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Unstick whatever still waits on the connection, then let go.
-		os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", conn), []byte("1"), 0)
-		unix.Unmount(mnt, unix.MNT_DETACH)
-		unix.Close(fd)
-	})
-
+	dir, mnt, fd, _ := mount(t)
 	a := start(t, fd, dir, true)
 	waitFor(t, filepath.Join(dir, "init"))
 	within(t, "read through the first server", func() error {
-		if who, err := readWho(mnt); err != nil || who != strconv.Itoa(a.Process.Pid) {
-			return fmt.Errorf("%q, %v; want %d", who, err, a.Process.Pid)
+		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/1", a.Process.Pid) {
+			return fmt.Errorf("%q, %v; want %d/1", who, err, a.Process.Pid)
 		}
 		return nil
 	})
@@ -229,8 +245,79 @@ func TestAdoptAfterKill(t *testing.T) {
 	within(t, "a read asked while nobody served", func() error { return <-whoDone })
 	within(t, "an open the dead server read and never answered", func() error { return <-slowDone })
 	within(t, "read through the adopting server", func() error {
-		if who, err := readWho(mnt); err != nil || who != strconv.Itoa(b.Process.Pid) {
-			return fmt.Errorf("%q, %v; want %d", who, err, b.Process.Pid)
+		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/1", b.Process.Pid) {
+			return fmt.Errorf("%q, %v; want %d/1", who, err, b.Process.Pid)
+		}
+		return nil
+	})
+}
+
+// mount mounts a FUSE filesystem in a new directory with a descriptor
+// of the test's own, which it returns with the directory, the mount
+// point and a function that closes it once; the cleanup aborts the
+// connection, unmounts and closes the descriptor if it is not yet.
+func mount(t *testing.T) (dir, mnt string, fd int, release func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting FUSE with a descriptor of our own needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no /dev/fuse: %v", err)
+	}
+	dir = t.TempDir()
+	mnt = filepath.Join(dir, "mnt")
+	os.Mkdir(mnt, 0o755)
+	fd, err := Mount(mnt, "fuseconn-test", "fuseconntest", []string{"allow_other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { unix.Close(fd) }) }
+	// The connection's number, for its abort file: a stat of mnt would
+	// wait for a server.
+	conn, err := connection(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Unstick whatever still waits on the connection, then let go.
+		os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", conn), []byte("1"), 0)
+		unix.Unmount(mnt, unix.MNT_DETACH)
+		release()
+	})
+	return dir, mnt, fd, release
+}
+
+// An upgrade in place: the server executes a new program in its own
+// process (the same pid), handing it the connection and its INIT; the
+// new program adopts the connection and answers what the old one read
+// and never answered. The test's own descriptor is closed first: the
+// process being replaced holds the only one.
+func TestExecInPlace(t *testing.T) {
+	dir, mnt, fd, release := mount(t)
+	a := start(t, fd, dir, true)
+	waitFor(t, filepath.Join(dir, "init"))
+	release()
+	within(t, "read through the first program", func() error {
+		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/1", a.Process.Pid) {
+			return fmt.Errorf("%q, %v; want %d/1", who, err, a.Process.Pid)
+		}
+		return nil
+	})
+	slowDone := make(chan error, 1)
+	go func() {
+		f, err := os.Open(filepath.Join(mnt, "slow"))
+		if err == nil {
+			f.Close()
+		}
+		slowDone <- err
+	}()
+	waitFor(t, filepath.Join(dir, "mark"))
+	a.Process.Signal(syscall.SIGHUP)
+	within(t, "an open the old program read and never answered", func() error { return <-slowDone })
+	within(t, "read through the new program", func() error {
+		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/2", a.Process.Pid) {
+			return fmt.Errorf("%q, %v; want %d/2", who, err, a.Process.Pid)
 		}
 		return nil
 	})
