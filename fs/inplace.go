@@ -36,15 +36,15 @@ var _ = (fusefs.NodeReadlinker)((*bufferNode)(nil))
 // attributes, but anyone who may write it make a link.
 func (n *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	src, access, err := parseLinkTarget(target)
-	var f *tree.File
 	if err == nil {
-		f, err = n.register(ctx, name, src, access)
+		_, err = n.register(ctx, name, src, access)
 	}
 	if err != nil {
 		return nil, toErrno(n.fsys.log, "register "+target+" in place as "+name, err)
 	}
-	// The link's inode number is the file's: one that no other node has.
-	link := n.NewInode(ctx, &fusefs.Inode{}, fusefs.StableAttr{Mode: syscall.S_IFLNK, Ino: f.Ino()})
+	// The link's inode number is its own: node ids are inode numbers,
+	// and the kernel must not see the file's change its type.
+	link := n.NewInode(ctx, &fusefs.Inode{}, fusefs.StableAttr{Mode: syscall.S_IFLNK, Ino: n.fsys.Tree.NewIno()})
 	out.Mode = syscall.S_IFLNK | 0o777
 	out.Size = uint64(len(target))
 	out.SetEntryTimeout(0)

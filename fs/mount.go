@@ -62,6 +62,10 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	options := &fusefs.Options{
 		// Modes are shown exactly: 0000 is 0000 (key secrecy).
 		NullPermissions: true,
+		// Node ids are the tree's inode numbers (never reused; the
+		// root's is 1): a daemon that adopts the connection can answer
+		// for the node ids the kernel holds (DESIGN, Restart).
+		ExternalNodeID: true,
 		// A name that is not there stays absent until this mount makes it.
 		NegativeTimeout: &negative,
 		// Attribute timeouts of files stay 0 (each reply sets its own).

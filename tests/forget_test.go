@@ -1,8 +1,10 @@
 package tests
 
 import (
+	"maps"
 	"os"
 	"regexp"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -16,18 +18,22 @@ import (
 // so the daemon's and the kernel's nodes of unused files go: an idle
 // file's FORGET comes at once, an open or mapped one's only after its
 // last close. The files stay as they were: inode numbers, bytes,
-// registration; a lookup brings a node back, forgotten again later.
+// registration; a lookup brings a node back, forgotten again later, with
+// the same node id: the file's inode number.
 func TestKernelForgetsIdleFiles(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonConfig{Log: "fuse_requests = true"})
 	forget := regexp.MustCompile(`: FORGET n([0-9]+) `)
-	forgotten := func() int {
-		ids := map[string]bool{}
+	// The node ids forgotten, one for each FORGET.
+	forgottenIDs := func() []uint64 {
+		var ids []uint64
 		for _, m := range forget.FindAllStringSubmatch(d.stderr.String(), -1) {
-			ids[m[1]] = true
+			id, _ := strconv.ParseUint(m[1], 10, 64)
+			ids = append(ids, id)
 		}
-		return len(ids)
+		return ids
 	}
+	forgotten := func() int { return len(forgottenIDs()) }
 	waitForgotten := func(want int, what string) {
 		t.Helper()
 		deadline := time.Now().Add(readyTimeout)
@@ -110,6 +116,19 @@ func TestKernelForgetsIdleFiles(t *testing.T) {
 	}
 	// The lookups above made a node for each file; they go too.
 	waitForgotten(8, "the files looked up again")
+	// Node ids are inode numbers, the same at each lookup (a daemon that
+	// adopts the connection knows them: DESIGN, Restart).
+	want := map[uint64]int{}
+	for _, ino := range inos {
+		want[ino] += 2
+	}
+	got := map[uint64]int{}
+	for _, id := range forgottenIDs() {
+		got[id]++
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("the node ids forgotten (id: times) %v, want each file's inode number twice %v", got, want)
+	}
 }
 
 // direntInos is the inode number of each name readdir gives in dir.

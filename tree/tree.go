@@ -117,6 +117,10 @@ func New(mgr *buffer.Manager, opt Options, rootAccess verbs.Access, owner Owner,
 // Root is the mount's root directory, the default PD.
 func (t *Tree) Root() *Dir { return t.root }
 
+// NewIno hands out an inode number that no node has had or will have,
+// for a node of the front end's own.
+func (t *Tree) NewIno() uint64 { return t.lastIno.Add(1) }
+
 // Manager is the buffer manager the tree's buffers belong to.
 func (t *Tree) Manager() *buffer.Manager { return t.mgr }
 
