@@ -303,3 +303,61 @@ func TestReserve(t *testing.T) {
 		t.Errorf("writing past a sealed file's end: %v, want EPERM", err)
 	}
 }
+
+// A store handed over keeps its files and its reservations after the
+// process that made it lets go: the adopting one opens the files by id
+// and reserves below what was reserved already.
+func TestTmpfsHandover(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
+	}
+	opt := TmpfsOptions{Size: 4 << 20, Huge: "never"}
+	s, err := NewTmpfs(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := s.Create(7)
+	if _, err := f.WriteAt([]byte("kept"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.(Reserver).Reserve(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	root, err := s.(Lasting).Handover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	a, err := AdoptTmpfs(root, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	g, err := a.Open(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if _, err := g.ReadAt(b, 1<<20); err != nil || string(b) != "kept" {
+		t.Fatalf("read back %q, %v", b, err)
+	}
+	if _, err := a.Open(8); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("opening a file never made: %v, want ENOENT", err)
+	}
+	if err := a.(Reserver).Reserve(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, size, _ := a.Usage(); size != 2<<20 {
+		t.Errorf("size after one more MiB reserved: %d, want 2 MiB (1 MiB was reserved before the handover)", size)
+	}
+
+	proc, err := unix.Open("/proc", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(proc)
+	if _, err := AdoptTmpfs(proc, opt); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("adopting /proc as the store: %v, want EINVAL", err)
+	}
+}

@@ -1,0 +1,65 @@
+package store
+
+import (
+	"fmt"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Lasting is a store whose files can outlive the process that made them
+// (DESIGN, Restart): the tmpfs instance lives as long as a descriptor of
+// its root does, with every file in it.
+type Lasting interface {
+	Store
+	// Handover is a new descriptor (close-on-exec) of the store's root,
+	// which keeps the instance and its files after Close; the caller
+	// owns it and hands it to the process that adopts the store
+	// (AdoptTmpfs).
+	Handover() (int, error)
+	// Open is buffer id's file, made by an earlier process of the store.
+	Open(id uint64) (File, error)
+}
+
+var _ Lasting = (*tmpfs)(nil)
+
+func (s *tmpfs) Handover() (int, error) {
+	fd, err := unix.FcntlInt(uintptr(s.root), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("hand the tmpfs store over: %w", err)
+	}
+	return fd, nil
+}
+
+func (s *tmpfs) Open(id uint64) (File, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(s.root, fileName(id), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, fmt.Errorf("open %s of the tmpfs store: %w", fileName(id), err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("open %s of the tmpfs store: not a regular file: %w", fileName(id), syscall.EINVAL)
+	}
+	return &tmpfsFile{s: s, id: id}, nil
+}
+
+// AdoptTmpfs takes the tmpfs store whose root is root, a descriptor an
+// earlier process's Handover gave, made with opt. What that process had
+// reserved (Reserve) stays reserved: the instance's own size says how
+// much. The store owns root.
+func AdoptTmpfs(root int, opt TmpfsOptions) (Lasting, error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(root, &st); err != nil {
+		return nil, fmt.Errorf("adopt the tmpfs store: %w", err)
+	}
+	if st.Type != unix.TMPFS_MAGIC {
+		return nil, fmt.Errorf("adopt the tmpfs store: descriptor %d is not a tmpfs (magic 0x%x): %w", root, st.Type, syscall.EINVAL)
+	}
+	s := &tmpfs{root: root, opt: opt}
+	if size := st.Blocks * uint64(st.Bsize); opt.Size > 0 {
+		if size > opt.Size {
+			return nil, fmt.Errorf("adopt the tmpfs store: it is %d bytes, more than its size %d: %w", size, opt.Size, syscall.EINVAL)
+		}
+		s.res.n = opt.Size - size
+	}
+	return s, nil
+}
