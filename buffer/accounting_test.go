@@ -179,7 +179,8 @@ func TestAdmissionWaitsForRelease(t *testing.T) {
 
 // Admission is one step: concurrent registrations that each fit what the
 // machine has left, but not together, are never all admitted. Sixteen
-// race for two and a half pages; then, deterministically, a second
+// race for two and a half pages (at most two win), then three ask in turn
+// (exactly two win); then, deterministically, a second
 // registration asks while the first, admitted, has made only part of its
 // pages (the test hook pauses it after each 16 MiB chunk): a fresh
 // reading of MemAvailable does not show the rest yet, and admission must
@@ -221,14 +222,34 @@ func TestAdmissionAtomic(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	if got := ok.Load(); got != 2 {
+	// Two fit. One alone is admission erring on the safe side: a fresh
+	// reading counts the pages admitted and not settled as not made yet,
+	// though some may be, and refuses early (rare: seen under load).
+	if got := ok.Load(); got > 2 || got == 0 {
 		t.Fatalf("%d registrations of a page admitted with two and a half pages left", got)
+	} else if got == 1 {
+		t.Logf("one registration admitted of two that fit: the second's reading came while the first's page was made and not settled")
 	}
-	for _, b := range bufs {
-		if err := b.Resize(context.Background(), 0); err != nil {
-			t.Fatal(err)
+	release := func() {
+		t.Helper()
+		for _, b := range bufs {
+			if err := b.Resize(context.Background(), 0); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	release()
+	// One after another, exactly two fit.
+	for i, b := range bufs[:3] {
+		err := b.Resize(context.Background(), page)
+		if i < 2 && err != nil {
+			t.Fatalf("registration %d of a page with two and a half left: %v", i+1, err)
+		}
+		if i == 2 && (err == nil || !strings.Contains(err.Error(), "MemAvailable")) {
+			t.Fatalf("a third page with two and a half left: %v, want a refusal naming MemAvailable", err)
+		}
+	}
+	release()
 
 	// Room for one and a half registrations of 32 MiB.
 	base.Store(uint64(buffer.MemReserve + 48*mib))
