@@ -56,34 +56,31 @@ func Serve(fd int, init []byte, fs fuse.RawFileSystem, opts *fuse.MountOptions) 
 		}
 		return srv, initBytes(srv.KernelSettings()), nil
 	}
+	// fd goes either way: on success its copy in the server's place is
+	// the one that counts.
+	defer unix.Close(fd)
 	if len(init) < int(unsafe.Sizeof(fuse.InHeader{})) {
-		unix.Close(fd)
 		return nil, nil, fmt.Errorf("adopt a FUSE connection: the saved INIT is %d bytes: %w", len(init), unix.EINVAL)
 	}
 	// Blocking, as /dev/fuse is: go-fuse reads both the same way.
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		unix.Close(fd)
 		return nil, nil, fmt.Errorf("adopt a FUSE connection: socketpair: %w", err)
 	}
 	defer unix.Close(pair[1])
 	if _, err := unix.Write(pair[1], init); err != nil {
-		unix.Close(fd)
 		unix.Close(pair[0])
 		return nil, nil, fmt.Errorf("adopt a FUSE connection: replay the INIT: %w", err)
 	}
 	srv, err := fuse.NewServer(fs, fmt.Sprintf("/dev/fd/%d", pair[0]), opts)
 	if err != nil {
-		unix.Close(fd)
 		return nil, nil, fmt.Errorf("adopt a FUSE connection: %w", err)
 	}
 	// The server's descriptor number now names the connection; no
 	// request has been read from it yet (Serve has not started).
 	if err := unix.Dup3(fd, pair[0], unix.O_CLOEXEC); err != nil {
-		unix.Close(fd)
 		return nil, nil, fmt.Errorf("adopt a FUSE connection: dup3: %w", err)
 	}
-	unix.Close(fd)
 	return srv, init, nil
 }
 
