@@ -206,9 +206,32 @@ func waitFor(t *testing.T, path string) {
 	t.Fatalf("%s never appeared", path)
 }
 
-func readWho(mnt string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(mnt, "who"))
-	return string(b), err
+// wantWho requires that mnt's "who" reads as program gen of process pid.
+func wantWho(t *testing.T, what, mnt string, pid, gen int) {
+	t.Helper()
+	within(t, what, func() error {
+		b, err := os.ReadFile(filepath.Join(mnt, "who"))
+		if want := fmt.Sprintf("%d/%d", pid, gen); err != nil || string(b) != want {
+			return fmt.Errorf("%q, %v; want %s", b, err, want)
+		}
+		return nil
+	})
+}
+
+// openSlow opens mnt's "slow" and returns once the (slow) server has
+// read the OPEN; the open's outcome comes on the channel.
+func openSlow(t *testing.T, dir, mnt string) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		f, err := os.Open(filepath.Join(mnt, "slow"))
+		if err == nil {
+			f.Close()
+		}
+		done <- err
+	}()
+	waitFor(t, filepath.Join(dir, "mark"))
+	return done
 }
 
 // The connection outlives its server: the server is killed while it
@@ -220,36 +243,18 @@ func TestAdoptAfterKill(t *testing.T) {
 	dir, mnt, fd, _ := mount(t)
 	a := start(t, fd, dir, true)
 	waitFor(t, filepath.Join(dir, "init"))
-	within(t, "read through the first server", func() error {
-		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/1", a.Process.Pid) {
-			return fmt.Errorf("%q, %v; want %d/1", who, err, a.Process.Pid)
-		}
-		return nil
-	})
-	slowDone := make(chan error, 1)
-	go func() {
-		f, err := os.Open(filepath.Join(mnt, "slow"))
-		if err == nil {
-			f.Close()
-		}
-		slowDone <- err
-	}()
-	waitFor(t, filepath.Join(dir, "mark")) // the first server has read the open
+	wantWho(t, "read through the first server", mnt, a.Process.Pid, 1)
+	slowDone := openSlow(t, dir, mnt)
 	a.Process.Kill()
 	a.Wait()
 	// Asked while nobody serves: it waits in the kernel's queue.
 	whoDone := make(chan error, 1)
-	go func() { _, err := readWho(mnt); whoDone <- err }()
+	go func() { _, err := os.ReadFile(filepath.Join(mnt, "who")); whoDone <- err }()
 
 	b := start(t, fd, dir, false)
 	within(t, "a read asked while nobody served", func() error { return <-whoDone })
 	within(t, "an open the dead server read and never answered", func() error { return <-slowDone })
-	within(t, "read through the adopting server", func() error {
-		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/1", b.Process.Pid) {
-			return fmt.Errorf("%q, %v; want %d/1", who, err, b.Process.Pid)
-		}
-		return nil
-	})
+	wantWho(t, "read through the adopting server", mnt, b.Process.Pid, 1)
 }
 
 // mount mounts a FUSE filesystem in a new directory with a descriptor
@@ -298,29 +303,11 @@ func TestExecInPlace(t *testing.T) {
 	a := start(t, fd, dir, true)
 	waitFor(t, filepath.Join(dir, "init"))
 	release()
-	within(t, "read through the first program", func() error {
-		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/1", a.Process.Pid) {
-			return fmt.Errorf("%q, %v; want %d/1", who, err, a.Process.Pid)
-		}
-		return nil
-	})
-	slowDone := make(chan error, 1)
-	go func() {
-		f, err := os.Open(filepath.Join(mnt, "slow"))
-		if err == nil {
-			f.Close()
-		}
-		slowDone <- err
-	}()
-	waitFor(t, filepath.Join(dir, "mark"))
+	wantWho(t, "read through the first program", mnt, a.Process.Pid, 1)
+	slowDone := openSlow(t, dir, mnt)
 	a.Process.Signal(syscall.SIGHUP)
 	within(t, "an open the old program read and never answered", func() error { return <-slowDone })
-	within(t, "read through the new program", func() error {
-		if who, err := readWho(mnt); err != nil || who != fmt.Sprintf("%d/2", a.Process.Pid) {
-			return fmt.Errorf("%q, %v; want %d/2", who, err, a.Process.Pid)
-		}
-		return nil
-	})
+	wantWho(t, "read through the new program", mnt, a.Process.Pid, 2)
 }
 
 // A saved INIT too short to be one is refused before anything is served.
