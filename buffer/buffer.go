@@ -167,7 +167,7 @@ func (m *Manager) Create(d *Domain, size uint64, owner uint32) (*Buffer, error) 
 	// Manager.Close sees it; holding b.mu makes that Close wait for us.
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	id, err := m.reserveBuffer(b, d, owner)
+	id, err := m.reserveBuffer(b, d, owner, 0)
 	if err != nil {
 		return nil, fmt.Errorf("create buffer in pd %d: %w", d.handle, err)
 	}
@@ -897,21 +897,11 @@ func (b *Buffer) free(why gone) (nregions int, unpinned uint64, err error) {
 	if b.gone != alive {
 		return 0, 0, fmt.Errorf("free: %w", b.gone.err())
 	}
-	for _, r := range b.regs {
-		unpinned += pageRound(r.Length())
-	}
-	nregions = len(b.regs)
-	m := b.m
-	rest, err := m.deregister(b.regs, b.owner, true)
+	nregions, unpinned, err = b.unregisterLocked()
 	if err != nil {
-		for _, r := range rest {
-			unpinned -= pageRound(r.Length())
-		}
-		b.regs = rest
-		return nregions - len(rest), unpinned, fmt.Errorf("free: %w", err)
+		return nregions, unpinned, fmt.Errorf("free: %w", err)
 	}
-	b.regs = nil
-	m.unmap(&b.mp)
+	m := b.m
 	// Decided under m.mu, which the last hold's end takes too: an
 	// orphan's memory goes then. With no descriptor open and no inode of
 	// a zero-copy open left (HoldInode) no client has the file, and its
@@ -958,5 +948,49 @@ func (b *Buffer) free(why gone) (nregions int, unpinned uint64, err error) {
 	m.mu.Lock()
 	m.forgetLocked(b)
 	m.mu.Unlock()
+	return nregions, unpinned, nil
+}
+
+// unregisterLocked deregisters every region and unmaps the file, the
+// first steps of free and leave; it returns the regions deregistered and
+// their bytes (whole pages). If deregistration fails, what is left stays
+// registered and mapped.
+func (b *Buffer) unregisterLocked() (nregions int, unpinned uint64, err error) {
+	for _, r := range b.regs {
+		unpinned += pageRound(r.Length())
+	}
+	nregions = len(b.regs)
+	rest, err := b.m.deregister(b.regs, b.owner, true)
+	if err != nil {
+		for _, r := range rest {
+			unpinned -= pageRound(r.Length())
+		}
+		b.regs = rest
+		return nregions - len(rest), unpinned, err
+	}
+	b.regs = nil
+	b.m.unmap(&b.mp)
+	return nregions, unpinned, nil
+}
+
+// leave is free for Manager.Leave: the registration goes and the file
+// stays, untouched, for a later process to adopt.
+func (b *Buffer) leave(why gone) (nregions int, unpinned uint64, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gone != alive {
+		return 0, 0, fmt.Errorf("leave: %w", b.gone.err())
+	}
+	if nregions, unpinned, err = b.unregisterLocked(); err != nil {
+		return nregions, unpinned, fmt.Errorf("leave: %w", err)
+	}
+	m := b.m
+	m.mu.Lock()
+	m.setChargeLocked(b, 0)
+	m.inflight -= b.reserved
+	b.reserved = 0
+	m.forgetLocked(b)
+	m.mu.Unlock()
+	b.f, b.reason, b.gone = nil, "", why
 	return nregions, unpinned, nil
 }

@@ -38,6 +38,11 @@ type user struct{ c io.Closer }
 // NewDomain allocates a protection domain whose files get defaultAccess.
 // defaultAccess is checked as SetAccess does (EINVAL, EPERM, EOPNOTSUPP).
 func (m *Manager) NewDomain(defaultAccess verbs.Access) (*Domain, error) {
+	return m.newDomain(defaultAccess, nil)
+}
+
+// newDomain is NewDomain with the token given, or a new one for nil.
+func (m *Manager) newDomain(defaultAccess verbs.Access, token *[TokenSize]byte) (*Domain, error) {
 	if err := m.checkAccess(defaultAccess); err != nil {
 		return nil, err
 	}
@@ -57,8 +62,12 @@ func (m *Manager) NewDomain(defaultAccess verbs.Access) (*Domain, error) {
 		return nil, fmt.Errorf("allocate pd on %s: %w", m.dev.Name(), err)
 	}
 	d := &Domain{m: m, pd: pd, handle: pd.Handle(), access: defaultAccess}
-	rand.Read(d.token[:]) // never fails (crypto/rand, Go 1.24)
-	if m.closed {         // Close ran while we allocated: it cannot see this PD
+	if token != nil {
+		d.token = *token
+	} else {
+		rand.Read(d.token[:]) // never fails (crypto/rand, Go 1.24)
+	}
+	if m.closed { // Close ran while we allocated: it cannot see this PD
 		pd.Dealloc()
 		return nil, errClosed
 	}

@@ -70,7 +70,7 @@ func (m *Manager) RegisterInPlace(d *Domain, src Source, owner uint32, a verbs.A
 	b := &Buffer{m: m, dom: d, owner: owner, src: &inPlace{Source: src}}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, err := m.reserveBuffer(b, d, owner); err != nil {
+	if _, err := m.reserveBuffer(b, d, owner, 0); err != nil {
 		return fail(err)
 	}
 	b.f, b.access = src, a

@@ -198,7 +198,17 @@ func (m *Manager) checkAccess(a verbs.Access) error {
 // the buffers and domains afterwards fail with ENODEV. Close is
 // idempotent (a second call frees nothing); it closes neither the device
 // nor the store.
-func (m *Manager) Close() (Freed, error) {
+func (m *Manager) Close() (Freed, error) { return m.close((*Buffer).free) }
+
+// Leave is Close for a process that hands its store on to a later one
+// (DESIGN, Restart): every registration and PD goes, as at Close, but
+// the store's files stay as they are, bytes and all, for that process to
+// adopt (Adopt). A manager that could not restore (tree.Restore) is left
+// this way, so that the next try finds every file.
+func (m *Manager) Leave() (Freed, error) { return m.close((*Buffer).leave) }
+
+// close is Close and Leave: end takes each buffer.
+func (m *Manager) close(end func(*Buffer, gone) (int, uint64, error)) (Freed, error) {
 	var freed Freed
 	m.mu.Lock()
 	if m.closed {
@@ -228,7 +238,7 @@ func (m *Manager) Close() (Freed, error) {
 	var errs []error
 	for _, b := range bufs {
 		// free waits for a Create still building b (it holds b.mu).
-		nregions, unpinned, err := b.free(closed)
+		nregions, unpinned, err := end(b, closed)
 		if err != nil && !errors.Is(err, errClosed) && !errors.Is(err, errFreed) {
 			errs = append(errs, err)
 		}
@@ -280,10 +290,11 @@ var (
 )
 
 // reserveBuffer counts b, a new buffer in d for owner, and gives it an id
-// for its file, or refuses with ENOSPC past MaxBuffers. Files unlinked
+// for its file (kept, when non-zero: a file an earlier process made, which
+// no later id may name), or refuses with ENOSPC past MaxBuffers. Files unlinked
 // while open count: the store holds them until clients let go, which
 // admission waits for briefly.
-func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) (id uint64, err error) {
+func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32, kept uint64) (id uint64, err error) {
 	deadline := time.Now().Add(releaseWait)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -315,8 +326,12 @@ func (m *Manager) reserveBuffer(b *Buffer, d *Domain, owner uint32) (id uint64, 
 	m.buffers[b] = struct{}{}
 	d.nbuf++
 	b.access = d.access
-	m.nextID++
 	m.user(owner).Buffers++
+	if kept != 0 {
+		m.nextID = max(m.nextID, kept)
+		return kept, nil
+	}
+	m.nextID++
 	return m.nextID, nil
 }
 

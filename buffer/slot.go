@@ -23,7 +23,7 @@ func (m *Manager) createSlot(p *Pool, owner uint32) (*Buffer, error) {
 	b := &Buffer{m: m, dom: p.d, owner: owner}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, err := m.reserveBuffer(b, p.d, owner); err != nil {
+	if _, err := m.reserveBuffer(b, p.d, owner, 0); err != nil {
 		return nil, fmt.Errorf("create a pool file in pd %d: %w", p.d.handle, err)
 	}
 	i, err := p.take()

@@ -63,3 +63,13 @@ func AdoptTmpfs(root int, opt TmpfsOptions) (Lasting, error) {
 	}
 	return s, nil
 }
+
+// FileID is the buffer id f was made for, by which a later process of a
+// Lasting store opens it again; ok is false for a file no later process
+// can reach (a memfd).
+func FileID(f File) (id uint64, ok bool) {
+	if t, ok := f.(*tmpfsFile); ok {
+		return t.id, true
+	}
+	return 0, false
+}

@@ -106,12 +106,17 @@ func New(mgr *buffer.Manager, opt Options, rootAccess verbs.Access, owner Owner,
 	if err != nil {
 		return nil, fmt.Errorf("allocate the root PD: %w", err)
 	}
+	t := newTree(mgr, opt)
+	t.root = t.newDir(dom, newMeta(owner, rootMode&0o7777)) // inode 1
+	return t, nil
+}
+
+func newTree(mgr *buffer.Manager, opt Options) *Tree {
 	t := &Tree{mgr: mgr, opt: opt, log: opt.Log, busy: map[*node]chan struct{}{}}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
-	t.root = t.newDir(dom, newMeta(owner, rootMode&0o7777)) // inode 1
-	return t, nil
+	return t
 }
 
 // Root is the mount's root directory, the default PD.
@@ -262,6 +267,11 @@ func (f *File) Unlinked() bool { return f.unlinked.Load() }
 func (d *Dir) Path() string {
 	d.t.mu.RLock()
 	defer d.t.mu.RUnlock()
+	return d.pathLocked()
+}
+
+// pathLocked is Path. Callers hold Tree.mu.
+func (d *Dir) pathLocked() string {
 	var parts []string
 	for n := d; n.parent != nil; n = n.parent {
 		parts = append(parts, n.name)
