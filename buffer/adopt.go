@@ -38,11 +38,30 @@ func (b *Buffer) Keep() (Kept, error) {
 	case b.src != nil:
 		return Kept{}, fmt.Errorf("keep a file registered in place across a restart: not built yet: %w", syscall.EOPNOTSUPP)
 	}
-	id, ok := store.FileID(b.f)
-	if !ok {
+	k, lasting := b.keptLocked()
+	if !lasting {
 		return Kept{}, fmt.Errorf("keep a buffer across a restart: the %s store dies with the process: %w", b.m.store.Kind(), syscall.EOPNOTSUPP)
 	}
-	return Kept{File: id, Owner: b.owner, Access: b.access, Generation: uint64(b.gen)}, nil
+	return k, nil
+}
+
+// keptLocked is what a later process needs of b, a buffer neither a
+// slot nor in place; ok is false when its store dies with the process.
+// Callers hold b.mu.
+func (b *Buffer) keptLocked() (k Kept, ok bool) {
+	id, ok := store.FileID(b.f)
+	return Kept{File: id, Owner: b.owner, Access: b.access, Generation: uint64(b.gen)}, ok
+}
+
+// keptChangedLocked tells Options.OnKept of b as it is now. Callers hold
+// b.mu for writing.
+func (b *Buffer) keptChangedLocked() {
+	if b.m.opt.OnKept == nil || b.slot != nil || b.src != nil {
+		return
+	}
+	if k, ok := b.keptLocked(); ok {
+		b.m.opt.OnKept(k)
+	}
 }
 
 // AdoptDomain allocates a protection domain as NewDomain does, with the

@@ -36,6 +36,12 @@ type Options struct {
 	FdReserve int
 	// Events hears of registrations and refusals (metrics); nil: none.
 	Events Events
+	// OnKept, when set, hears what a later process needs of a buffer
+	// (Keep) each time it changes: a registration (the generation grows),
+	// an access, an owner. Called with the buffer's lock held (and the
+	// manager's, for an owner), in the order of the buffer's changes: it
+	// must not block or call back into the manager (a journal).
+	OnKept func(Kept)
 	// PopulateThreshold: a registration of at least this many bytes has
 	// its new pages populated by PopulateWorkers workers first (0 or
 	// less: GOMAXPROCS); 0: never.

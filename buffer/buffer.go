@@ -523,6 +523,7 @@ func (b *Buffer) registerLocked(ctx context.Context, n uint64, d *Domain, a verb
 	b.gen++
 	b.pageSize.Store(0)
 	m.events.Changed(b)
+	b.keptChangedLocked()
 	return nil
 }
 
@@ -696,6 +697,7 @@ func (b *Buffer) SetAccess(a verbs.Access) error {
 		return fmt.Errorf("set access %s: %w", a, err)
 	}
 	b.access = a
+	b.keptChangedLocked()
 	return nil
 }
 

@@ -495,6 +495,7 @@ func (b *Buffer) SetOwner(uid uint32) error {
 	b.owner = uid
 	m.setChargeLocked(b, charge)
 	m.pinLocked(uid, 0, n)
+	b.keptChangedLocked()
 	return nil
 }
 

@@ -30,8 +30,13 @@ func newMeta(owner Owner, mode uint32) meta {
 // Meta is a snapshot of the node's metadata.
 func (n *node) Meta() Meta {
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.metaLocked()
+}
+
+// metaLocked is Meta. Callers hold n.mu.
+func (n *node) metaLocked() Meta {
 	m := n.meta
-	n.mu.Unlock()
 	return Meta{Mode: m.mode, UID: m.uid, GID: m.gid,
 		Atime: time.Unix(0, m.atime), Mtime: time.Unix(0, m.mtime), Ctime: time.Unix(0, m.ctime)}
 }
@@ -44,8 +49,8 @@ type Change struct {
 }
 
 // SetMeta applies c and sets the change time.
-func (n *node) SetMeta(c Change) error {
-	n.setMeta(c)
+func (d *Dir) SetMeta(c Change) error {
+	d.setMeta(c, d.t.j)
 	return nil
 }
 
@@ -63,13 +68,16 @@ func (f *File) SetMeta(c Change) error {
 			return err
 		}
 	}
-	f.setMeta(c)
+	f.setMeta(c, f.t.j)
 	return nil
 }
 
-func (n *node) setMeta(c Change) {
+// setMeta applies c and tells j of the result, under n.mu: the last
+// record of a node's metadata is its last change.
+func (n *node) setMeta(c Change, j Journal) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	defer func() { j.Meta(n.ino, n.metaLocked()) }()
 	if c.Mode != nil {
 		// No set-id bits: the mount clears nothing on write (the daemon
 		// owns that with HANDLE_KILLPRIV_V2, and keeps none to clear).

@@ -34,9 +34,13 @@ type NodeState struct {
 	Atime int64 `json:"atime"`
 	Mtime int64 `json:"mtime"`
 	Ctime int64 `json:"ctime"`
-	// One of Dir and File is set.
+	// One of Dir and File is set, or (in a journal's record only) Lost.
 	Dir  *DirState    `json:"dir,omitempty"`
 	File *buffer.Kept `json:"file,omitempty"`
+	// Lost says why a later process could not take the node back (a
+	// pool, a file registered in place): a journal that holds it cannot
+	// be restored while the node lives.
+	Lost string `json:"lost,omitempty"`
 }
 
 // DirState is a directory's PD.
@@ -51,32 +55,54 @@ type DirState struct {
 // process cannot take back yet (pools, files registered in place, a
 // store that dies with the process): better to refuse a restart than to
 // lose a buffer in it.
-func (t *Tree) State() (State, error) {
+func (t *Tree) State() (State, error) { return t.state(false) }
+
+// Checkpoint is the namespace now, for a journal's compaction (Journal):
+// unlike State it is taken while changes go on, so what is under way may
+// be in it or not (a file being unlinked and already freed is not), and
+// what cannot be kept is in it as Lost; the records of those changes,
+// written after it began, say the rest.
+func (t *Tree) Checkpoint() (State, error) { return t.state(true) }
+
+func (t *Tree) state(checkpoint bool) (State, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if len(t.busy) > 0 {
+	if len(t.busy) > 0 && !checkpoint {
 		return State{}, fmt.Errorf("save the namespace: %d names are being changed: %w", len(t.busy), syscall.EBUSY)
 	}
 	st := State{LastIno: t.lastIno.Load()}
+	// add adds n's state, or says why it cannot.
+	add := func(n Node, ns NodeState, err error) error {
+		switch {
+		case err == nil:
+		case !checkpoint:
+			return err
+		case errors.Is(err, syscall.ENOENT):
+			return nil // freed by an unlink whose record follows
+		default:
+			ns = n.base().nodeState()
+			ns.Lost = err.Error()
+		}
+		st.Nodes = append(st.Nodes, ns)
+		return nil
+	}
 	dirs := []*Dir{t.root}
 	for len(dirs) > 0 {
 		d := dirs[0]
 		dirs = dirs[1:]
 		ns, err := d.state()
-		if err != nil {
+		if err := add(d, ns, err); err != nil {
 			return State{}, fmt.Errorf("save the namespace: %s: %w", d.pathLocked(), err)
 		}
-		st.Nodes = append(st.Nodes, ns)
 		for name, n := range d.entries {
 			switch n := n.(type) {
 			case *Dir:
 				dirs = append(dirs, n)
 			case *File:
 				ns, err := n.state()
-				if err != nil {
+				if err := add(n, ns, err); err != nil {
 					return State{}, fmt.Errorf("save the namespace: %s/%s: %w", d.pathLocked(), name, err)
 				}
-				st.Nodes = append(st.Nodes, ns)
 			}
 		}
 	}
@@ -113,6 +139,65 @@ func (f *File) state() (NodeState, error) {
 	ns := f.nodeState()
 	ns.File = &k
 	return ns, nil
+}
+
+// Journal hears, as they happen, the changes a later process needs to
+// rebuild State after a crash, when nobody could save it (package
+// journal): each record is the node's new value, not a difference, so
+// that records applied again on a State that has them change nothing.
+// Records of one node come in the order of its changes: a node's names
+// under Tree.mu, its metadata under its own mu. Times that only Touch
+// changes (a write, an entry added) are not journaled. Calls must not
+// block or call back into the tree.
+type Journal interface {
+	// Made: a node was linked, or can no longer be kept (Lost).
+	Made(NodeState)
+	// Named: a node was renamed (moved) to name in directory parent.
+	Named(ino, parent uint64, name string)
+	// Removed: a node was unlinked or removed for good.
+	Removed(ino uint64)
+	// Meta: a node's metadata changed (SetMeta).
+	Meta(ino uint64, m Meta)
+	// DefaultAccess: a directory's default access changed.
+	DefaultAccess(ino uint64, a verbs.Access)
+	// Numbered: an inode number was given to a node of the front end's
+	// own (NewIno), which no later node may take.
+	Numbered(ino uint64)
+}
+
+// noJournal is the Journal of a tree that has none.
+type noJournal struct{}
+
+func (noJournal) Made(NodeState)                     {}
+func (noJournal) Named(uint64, uint64, string)       {}
+func (noJournal) Removed(uint64)                     {}
+func (noJournal) Meta(uint64, Meta)                  {}
+func (noJournal) DefaultAccess(uint64, verbs.Access) {}
+func (noJournal) Numbered(uint64)                    {}
+
+// madeLocked journals n as it is now. Callers hold Tree.mu.
+func (t *Tree) madeLocked(n Node) {
+	var ns NodeState
+	var err error
+	switch n := n.(type) {
+	case *Dir:
+		ns, err = n.state()
+	case *File:
+		ns, err = n.state()
+	}
+	if err != nil {
+		ns = n.base().nodeState()
+		ns.Lost = err.Error()
+	}
+	t.j.Made(ns)
+}
+
+// namedLocked journals the new names of ns. Callers hold Tree.mu.
+func (t *Tree) namedLocked(ns ...Node) {
+	for _, n := range ns {
+		b := n.base()
+		t.j.Named(b.ino, b.parent.ino, b.name)
+	}
 }
 
 // Restore makes the namespace of st, which an earlier process's State

@@ -77,6 +77,9 @@ type Options struct {
 	// It is called after the change, with no lock held, and may block:
 	// the publisher waits there until a removed file's key is gone.
 	Changed func(Node)
+	// Journal, when set, hears every change a later process needs to
+	// rebuild the namespace after a crash (state.go).
+	Journal Journal
 }
 
 // Tree is the namespace of one mount.
@@ -94,6 +97,8 @@ type Tree struct {
 	busy map[*node]chan struct{}
 
 	lastIno atomic.Uint64 // the inode number given last (the root's is 1)
+
+	j Journal // Options.Journal, or one that keeps nothing
 }
 
 // Owner is who creates a node.
@@ -112,9 +117,12 @@ func New(mgr *buffer.Manager, opt Options, rootAccess verbs.Access, owner Owner,
 }
 
 func newTree(mgr *buffer.Manager, opt Options) *Tree {
-	t := &Tree{mgr: mgr, opt: opt, log: opt.Log, busy: map[*node]chan struct{}{}}
+	t := &Tree{mgr: mgr, opt: opt, log: opt.Log, busy: map[*node]chan struct{}{}, j: opt.Journal}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
+	}
+	if t.j == nil {
+		t.j = noJournal{}
 	}
 	return t
 }
@@ -124,7 +132,11 @@ func (t *Tree) Root() *Dir { return t.root }
 
 // NewIno hands out an inode number that no node has had or will have,
 // for a node of the front end's own.
-func (t *Tree) NewIno() uint64 { return t.lastIno.Add(1) }
+func (t *Tree) NewIno() uint64 {
+	ino := t.lastIno.Add(1)
+	t.j.Numbered(ino)
+	return ino
+}
 
 // Manager is the buffer manager the tree's buffers belong to.
 func (t *Tree) Manager() *buffer.Manager { return t.mgr }
@@ -251,9 +263,21 @@ func (f *File) SetAccess(a verbs.Access) error {
 // files share its chunks' registration, every file's keys change too
 // (buffer.Domain.SetDefaultAccess).
 func (d *Dir) SetDefaultAccess(a verbs.Access) error {
+	if d.dom.Pool() != nil {
+		// A pool re-registers its chunks: no lock is held meanwhile,
+		// and it is not journaled (a pool cannot be kept).
+		err := d.dom.SetDefaultAccess(a)
+		if err == nil {
+			d.t.changed(d)
+		}
+		return err
+	}
+	// Under d.mu, so that the last record is the last change.
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	err := d.dom.SetDefaultAccess(a)
-	if err == nil && d.dom.Pool() != nil {
-		d.t.changed(d)
+	if err == nil {
+		d.t.j.DefaultAccess(d.ino, a)
 	}
 	return err
 }
@@ -418,6 +442,7 @@ func (d *Dir) link(name string, n Node) error {
 		return fmt.Errorf("a pool holds only files: %w", syscall.EPERM)
 	}
 	d.addLocked(name, n)
+	d.t.madeLocked(n)
 	return nil
 }
 
@@ -442,6 +467,9 @@ func (d *Dir) MakePool(slot uint64, slots int, owner uint32) (*buffer.Pool, erro
 	t.mu.Unlock()
 	p, err := d.dom.MakePool(slot, slots, owner)
 	t.mu.Lock()
+	if err == nil {
+		t.madeLocked(d) // a pool cannot be kept: its record says so
+	}
 	return p, err
 }
 
@@ -522,7 +550,7 @@ func (d *Dir) Rmdir(name string) error {
 	if err != nil {
 		return fmt.Errorf("rmdir %q: %w", name, err)
 	}
-	d.removeLocked(name)
+	d.dropLocked(name)
 	d.Touch(true)
 	return nil
 }
@@ -563,7 +591,7 @@ func (d *Dir) unlink(name string) (*File, error) {
 	// Busy, the file kept its name: every other call that changes names
 	// waited.
 	if p := f.parent; p != nil {
-		p.removeLocked(f.name)
+		p.dropLocked(f.name)
 		p.Touch(true)
 	}
 	return f, nil
@@ -613,17 +641,27 @@ func (t *Tree) markLocked(n Node) (done func()) {
 	}
 }
 
-// removeLocked drops name from d. Callers hold t.mu for writing.
-func (d *Dir) removeLocked(name string) {
+// dropLocked removes name from the namespace for good. Callers hold
+// t.mu for writing.
+func (d *Dir) dropLocked(name string) {
+	if n := d.removeLocked(name); n != nil {
+		d.t.j.Removed(n.Ino())
+	}
+}
+
+// removeLocked takes name out of d (a rename puts it back elsewhere), and
+// returns what it was. Callers hold t.mu for writing.
+func (d *Dir) removeLocked(name string) Node {
 	n := d.entries[name]
 	if n == nil {
-		return
+		return nil
 	}
 	if _, ok := n.(*Dir); ok {
 		d.subdirs--
 	}
 	n.base().parent = nil
 	delete(d.entries, name)
+	return n
 }
 
 // The flags of renameat2 that Rename takes.
@@ -736,6 +774,7 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 			dst.removeLocked(newName)
 			d.addLocked(name, old)
 			dst.addLocked(newName, src)
+			t.namedLocked(old, src)
 			d.Touch(true)
 			dst.Touch(true)
 			return nil, []Node{src, old}, nil
@@ -851,12 +890,13 @@ func (p *renamePlan) undoMove() error {
 func (p *renamePlan) commitLocked() {
 	if p.old != nil {
 		if pp := p.old.parent; pp != nil {
-			pp.removeLocked(p.old.name)
+			pp.dropLocked(p.old.name)
 		}
 	}
-	p.dst.removeLocked(p.newName) // a directory renamed over
+	p.dst.dropLocked(p.newName) // a directory renamed over
 	p.d.removeLocked(p.name)
 	p.dst.addLocked(p.newName, p.src)
+	p.d.t.namedLocked(p.src)
 	p.d.Touch(true)
 	p.dst.Touch(true)
 }

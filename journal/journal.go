@@ -1,0 +1,180 @@
+// Package journal keeps the namespace's changes as they happen, one
+// record per change (O(1)), in a file that outlives the daemon (a memfd
+// in systemd's fd store or a keeper's hands), so that a daemon restarted
+// after a crash rebuilds the tree.State nobody could save (Replay); see
+// DESIGN, Restart.
+//
+// The file is a sequence of JSON lines. It starts with a state record (a
+// whole tree.State, written by Compact); every later line is a change
+// (tree.Journal's calls, and buffer.Options.OnKept's). Each record holds
+// the new value of what changed, never a difference, so a record applied
+// to a state that already has it changes nothing. Compact relies on it:
+// it saves the tree while changes go on, appends the state with the
+// offset from which it may lack changes, and punches out what is before
+// that offset. Replay starts from the last whole state record, applies
+// again what was written from its offset on, and ignores a last line a
+// crash cut short.
+//
+// Locking: Journal.mu guards the file's writes and the offset; it is a
+// leaf (a record is made before it is taken, and nothing is called with
+// it held), so the tree and the buffer manager call in with their locks
+// held, which orders each node's records as its changes.
+package journal
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/buffer"
+	"mrfs/tree"
+	"mrfs/verbs"
+)
+
+// record is one line of the journal: Op says which fields count.
+type record struct {
+	Op string `json:"op"`
+	// "state": the whole namespace, missing none of the changes
+	// written before offset Since.
+	State *tree.State `json:"state,omitempty"`
+	Since int64       `json:"since,omitempty"`
+	// "made": Node. "named": Ino, Parent, Name. "removed", "numbered":
+	// Ino. "meta": Ino, Meta. "access": Ino, Access (a directory's
+	// default). "kept": Kept (a buffer, by its file).
+	Node   *tree.NodeState `json:"node,omitempty"`
+	Ino    uint64          `json:"ino,omitempty"`
+	Parent uint64          `json:"parent,omitempty"`
+	Name   string          `json:"name,omitempty"`
+	Meta   *meta           `json:"meta,omitempty"`
+	Access verbs.Access    `json:"access,omitempty"`
+	Kept   *buffer.Kept    `json:"kept,omitempty"`
+}
+
+// meta is tree.Meta with times in nanoseconds since the epoch.
+type meta struct {
+	Mode  uint32 `json:"mode"`
+	UID   uint32 `json:"uid"`
+	GID   uint32 `json:"gid"`
+	Atime int64  `json:"atime"`
+	Mtime int64  `json:"mtime"`
+	Ctime int64  `json:"ctime"`
+}
+
+// Journal writes records to its file. Its methods are tree.Journal's and
+// buffer.Options.OnKept (Kept).
+type Journal struct {
+	f *os.File
+
+	mu sync.Mutex // guards: end, err, and the writes to f
+	// end is the offset the next record goes to.
+	end int64
+	// err is the first write that failed: the records after it are
+	// lost, and Err says so (the daemon logs it; a restart from this
+	// journal would miss changes).
+	err error
+}
+
+var _ tree.Journal = (*Journal)(nil)
+
+// New is a journal in f, an empty file. Its first Compact writes the
+// state every later record changes: until then Replay finds none.
+func New(f *os.File) *Journal { return &Journal{f: f} }
+
+// Err is the first failure to write a record, or nil.
+func (j *Journal) Err() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.err
+}
+
+// Size is the bytes written since the start, holes included: the offset
+// of the next record.
+func (j *Journal) Size() int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.end
+}
+
+func (j *Journal) Made(ns tree.NodeState) { j.put(record{Op: "made", Node: &ns}) }
+
+func (j *Journal) Named(ino, parent uint64, name string) {
+	j.put(record{Op: "named", Ino: ino, Parent: parent, Name: name})
+}
+
+func (j *Journal) Removed(ino uint64) { j.put(record{Op: "removed", Ino: ino}) }
+
+func (j *Journal) Meta(ino uint64, m tree.Meta) {
+	j.put(record{Op: "meta", Ino: ino, Meta: &meta{Mode: m.Mode, UID: m.UID, GID: m.GID,
+		Atime: m.Atime.UnixNano(), Mtime: m.Mtime.UnixNano(), Ctime: m.Ctime.UnixNano()}})
+}
+
+func (j *Journal) DefaultAccess(ino uint64, a verbs.Access) {
+	j.put(record{Op: "access", Ino: ino, Access: a})
+}
+
+func (j *Journal) Numbered(ino uint64) { j.put(record{Op: "numbered", Ino: ino}) }
+
+// Kept is buffer.Options.OnKept: a buffer's registration, access or
+// owner changed.
+func (j *Journal) Kept(k buffer.Kept) { j.put(record{Op: "kept", Kept: &k}) }
+
+// put writes r; a failure is kept for Err.
+func (j *Journal) put(r record) {
+	if err := j.write(r); err != nil {
+		j.mu.Lock()
+		if j.err == nil {
+			j.err = err
+		}
+		j.mu.Unlock()
+	}
+}
+
+// write appends r as one line, in one write.
+func (j *Journal) write(r record) error {
+	line, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("journal a %s record: %w", r.Op, err)
+	}
+	line = append(line, '\n')
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.err != nil {
+		return j.err
+	}
+	n, err := j.f.WriteAt(line, j.end)
+	j.end += int64(n)
+	if err != nil {
+		// Part of a line may be there: Replay ignores only a last line
+		// cut short, so nothing may follow it.
+		j.err = fmt.Errorf("journal a %s record: %w", r.Op, err)
+		return j.err
+	}
+	return nil
+}
+
+// Compact writes a state record that makes every earlier record useless
+// and frees their memory: save is called (tree.Tree.Checkpoint) while changes
+// go on, and the state record says that from the offset before that call
+// the changes are to be applied again. A crash at any point leaves a
+// journal Replay reads whole.
+func (j *Journal) Compact(save func() (tree.State, error)) error {
+	since := j.Size()
+	st, err := save()
+	if err != nil {
+		return fmt.Errorf("compact the journal: %w", err)
+	}
+	if err := j.write(record{Op: "state", State: &st, Since: since}); err != nil {
+		return fmt.Errorf("compact the journal: %w", err)
+	}
+	// Whole pages below since hold only records the new state makes
+	// useless: give their memory back.
+	if hole := since &^ int64(os.Getpagesize()-1); hole > 0 {
+		if err := unix.Fallocate(int(j.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, hole); err != nil {
+			return fmt.Errorf("compact the journal: free %d bytes: %w", hole, err)
+		}
+	}
+	return nil
+}

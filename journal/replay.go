@@ -1,0 +1,201 @@
+package journal
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"syscall"
+
+	"mrfs/tree"
+)
+
+// Replay reads a journal's file whole and returns the namespace it holds:
+// the last whole state record, the changes written from its offset on
+// applied again, then the changes after it. A last line a crash cut short
+// is ignored. EINVAL for a journal with no state, or whose records do
+// not make a tree; EOPNOTSUPP while a node that cannot be kept (a pool, a
+// file registered in place) lives.
+func Replay(r io.ReaderAt, size int64) (tree.State, error) {
+	data := make([]byte, size)
+	if n, err := r.ReadAt(data, 0); err != nil && !(err == io.EOF && int64(n) == size) {
+		return tree.State{}, fmt.Errorf("read the journal: %w", err)
+	}
+	lines := split(data)
+	// The last whole state record.
+	at := -1
+	var st record
+	for i := len(lines) - 1; i >= 0 && at < 0; i-- {
+		var r record
+		if json.Unmarshal(lines[i].text, &r) == nil && r.Op == "state" && r.State != nil {
+			at, st = i, r
+		}
+	}
+	if at < 0 {
+		return tree.State{}, fmt.Errorf("the journal holds no state: %w", syscall.EINVAL)
+	}
+	m := newModel(*st.State)
+	for i, l := range lines {
+		if l.off < st.Since || i == at {
+			continue // older than the state, or the state itself
+		}
+		var r record
+		if err := json.Unmarshal(l.text, &r); err != nil {
+			return tree.State{}, fmt.Errorf("journal record at %d: %v: %w", l.off, err, syscall.EINVAL)
+		}
+		if r.Op == "state" {
+			continue // an older state, made useless by the last
+		}
+		m.apply(r)
+	}
+	return m.state()
+}
+
+// line is a whole line of the journal and where it starts.
+type line struct {
+	off  int64
+	text []byte
+}
+
+// split cuts data into whole lines, skipping the zeros of the pages
+// Compact freed (and a line they cut, which is older than any state it
+// follows) and a last line without its newline.
+func split(data []byte) []line {
+	var out []line
+	off := 0
+	for off < len(data) {
+		if data[off] == 0 {
+			off++
+			continue
+		}
+		nl := bytes.IndexByte(data[off:], '\n')
+		if nl < 0 {
+			break // cut short by a crash
+		}
+		if !bytes.Contains(data[off:off+nl], []byte{0}) {
+			out = append(out, line{off: int64(off), text: data[off : off+nl]})
+		}
+		off += nl + 1
+	}
+	return out
+}
+
+// model is the namespace as records build it.
+type model struct {
+	nodes   map[uint64]*tree.NodeState
+	lastIno uint64
+	// files: the inode of each buffer's file id, so that a kept record
+	// finds its node.
+	files map[uint64]uint64
+}
+
+func newModel(st tree.State) *model {
+	m := &model{nodes: map[uint64]*tree.NodeState{}, lastIno: st.LastIno, files: map[uint64]uint64{}}
+	for _, ns := range st.Nodes {
+		m.made(ns)
+	}
+	return m
+}
+
+func (m *model) made(ns tree.NodeState) {
+	n := ns
+	if ns.File != nil {
+		k := *ns.File
+		n.File = &k
+		m.files[k.File] = n.Ino
+	}
+	if ns.Dir != nil {
+		d := *ns.Dir
+		n.Dir = &d
+	}
+	if old := m.nodes[n.Ino]; old != nil && old.File != nil && (n.File == nil || old.File.File != n.File.File) {
+		delete(m.files, old.File.File)
+	}
+	m.nodes[n.Ino] = &n
+	m.lastIno = max(m.lastIno, n.Ino)
+}
+
+// apply applies r. A record of a node that is not there is one whose
+// node a later record removes (records written again after a state that
+// no longer has it): it is skipped.
+func (m *model) apply(r record) {
+	n := m.nodes[r.Ino]
+	switch r.Op {
+	case "made":
+		if r.Node != nil {
+			m.made(*r.Node)
+		}
+	case "named":
+		if n != nil {
+			n.Parent, n.Name = r.Parent, r.Name
+		}
+	case "removed":
+		if n != nil && n.File != nil {
+			delete(m.files, n.File.File)
+		}
+		delete(m.nodes, r.Ino)
+	case "meta":
+		if n != nil && r.Meta != nil {
+			n.Mode, n.UID, n.GID = r.Meta.Mode, r.Meta.UID, r.Meta.GID
+			n.Atime, n.Mtime, n.Ctime = r.Meta.Atime, r.Meta.Mtime, r.Meta.Ctime
+		}
+	case "access":
+		if n != nil && n.Dir != nil {
+			n.Dir.DefaultAccess = r.Access
+		}
+	case "numbered":
+		m.lastIno = max(m.lastIno, r.Ino)
+	case "kept":
+		if r.Kept == nil {
+			return
+		}
+		ino, ok := m.files[r.Kept.File]
+		if !ok {
+			// A new file registers before it is linked: its made
+			// record, later, has what this one says, or newer.
+			return
+		}
+		f := m.nodes[ino].File
+		f.Owner, f.Access = r.Kept.Owner, r.Kept.Access
+		f.Generation = max(f.Generation, r.Kept.Generation)
+	}
+}
+
+// state is the model as a tree.State: the root, then each directory
+// before what it holds.
+func (m *model) state() (tree.State, error) {
+	root := m.nodes[1]
+	if root == nil || root.Dir == nil {
+		return tree.State{}, fmt.Errorf("the journal's namespace has no root: %w", syscall.EINVAL)
+	}
+	kids := map[uint64][]*tree.NodeState{}
+	for _, n := range m.nodes {
+		if n.Lost != "" {
+			return tree.State{}, fmt.Errorf("node %d (%q) cannot be kept across a restart: %s: %w", n.Ino, n.Name, n.Lost, syscall.EOPNOTSUPP)
+		}
+		if n.Ino != 1 {
+			kids[n.Parent] = append(kids[n.Parent], n)
+		}
+	}
+	st := tree.State{LastIno: m.lastIno}
+	queue := []*tree.NodeState{root}
+	for len(queue) > 0 {
+		n := queue[0]
+		queue = queue[1:]
+		st.Nodes = append(st.Nodes, *n)
+		ks := kids[n.Ino]
+		slices.SortFunc(ks, func(a, b *tree.NodeState) int { return cmp.Compare(a.Ino, b.Ino) })
+		for _, k := range ks {
+			if n.Dir == nil {
+				return tree.State{}, fmt.Errorf("node %d is in node %d, not a directory: %w", k.Ino, n.Ino, syscall.EINVAL)
+			}
+			queue = append(queue, k)
+		}
+	}
+	if len(st.Nodes) != len(m.nodes) {
+		return tree.State{}, fmt.Errorf("the journal's namespace has %d nodes outside the tree: %w", len(m.nodes)-len(st.Nodes), syscall.EINVAL)
+	}
+	return st, nil
+}
