@@ -54,9 +54,11 @@ func (b *Buffer) keptLocked() (k Kept, ok bool) {
 }
 
 // keptChangedLocked tells Options.OnKept of b as it is now. Callers hold
-// b.mu for writing.
+// b.mu for writing. A buffer without its Aux is one its maker has not
+// handed out yet (Create, Adopt): the record that names it will carry
+// its Kept, so none is written before.
 func (b *Buffer) keptChangedLocked() {
-	if b.m.opt.OnKept == nil || b.slot != nil || b.src != nil {
+	if b.m.opt.OnKept == nil || b.slot != nil || b.src != nil || b.aux == nil {
 		return
 	}
 	if k, ok := b.keptLocked(); ok {
