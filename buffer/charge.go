@@ -66,7 +66,8 @@ func (b *Buffer) settleFileLocked() {
 }
 
 // setChargeLocked moves b's charge, and its owner's and the total, to n.
-// Callers hold m.mu (and b.mu, but for an orphan's last close).
+// Callers hold m.mu (and b.mu, but for an orphan: its last close and
+// chargeUnseen charge it under m.mu alone).
 func (m *Manager) setChargeLocked(b *Buffer, n uint64) {
 	old := b.charge.Load()
 	u := m.user(b.owner)
@@ -504,9 +505,20 @@ func (b *Buffer) SetOwner(uid uint32) error {
 // wrote past their owners' quotas (cutLocked): the buffers with writable
 // opens other than skip. A busy one (an operation holds it) is tried
 // again for a little while, never waited for: its holder could be waiting
-// for skip's lock, which skip's caller holds.
+// for skip's lock, which skip's caller holds. Unlinked files only a
+// mapping holds (m.kept) are charged what they hold too: a mapping can
+// fill their holes, and nothing is taken back from one (its pages are
+// the client's own to read).
 func (m *Manager) chargeUnseen(skip *Buffer) {
 	m.mu.Lock()
+	// Under m.mu a kept descriptor is open: its release takes it out of
+	// m.kept under m.mu before closing it.
+	for b, fd := range m.kept {
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil {
+			m.setChargeLocked(b, uint64(st.Blocks)*512)
+		}
+	}
 	ws := make([]*Buffer, 0, len(m.writers))
 	for b := range m.writers {
 		if b != skip {

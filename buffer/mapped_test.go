@@ -264,3 +264,36 @@ func TestInPlaceLastCloseKeepsSource(t *testing.T) {
 		t.Fatalf("the source after the last close of its unlinked registration: %d bytes (%v)", len(got), err)
 	}
 }
+
+// An unlinked file that only a mapping holds can still gain pages: the
+// client fills its holes through the mapping, which the daemon never
+// sees. When the store is found full, what such files hold is charged to
+// their owners, as what writers wrote unseen is: the store holds no page
+// that nobody is charged for.
+func TestMappedOrphanFilledIsCharged(t *testing.T) {
+	needTmpfs(t)
+	e := setup(t, buffer.Options{MaxPinned: 20 * page}, 0)
+	b, err := e.m.Create(e.d, 0, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, release := openZeroCopy(t, b)
+	defer release()
+	// A zero-copy write far past the end, unseen: one page of sixteen.
+	if _, err := unix.Pwrite(fd.N, []byte{1}, 15*page); err != nil {
+		t.Fatal(err)
+	}
+	m := mapFd(t, fd, 16*page)
+	fd.Close()
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	copy(m, pattern(16*page, 5)) // every hole filled through the mapping
+	if _, err := e.m.Create(e.d, 8*page, 8); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("a create the store has no room for: %v, want ENOSPC", err)
+	}
+	st := e.m.Stats()
+	if u := st.Users[7]; u.Charged != 16*page || u.Orphaned != 16*page || st.StoreUsed > st.ChargedBytes {
+		t.Errorf("the mapped orphan holds 16 pages, charged %+v; the store holds %d, charged %d", u, st.StoreUsed, st.ChargedBytes)
+	}
+}
