@@ -194,3 +194,49 @@ func TestMappedAfterCloseWithinQuota(t *testing.T) {
 	}
 	requireHeld(t, d, "after the close")
 }
+
+// What a mapping fills in a removed file it alone holds is charged: an
+// ftruncate through the handle of a removed file, a mapping and the close
+// leave a file of holes only the mapping holds; the mapping fills them,
+// unseen. The next call the store cannot hold finds the store fuller
+// than charged, and charges them to the owner (and the call is refused:
+// the pages are the mapping's). The munmap gives all back.
+func TestMappedRemovedFileFilledCharged(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Buffers: `max_pinned = "16MiB"`})
+	const size = 8 << 20
+	f, err := os.OpenFile(d.path("sparse"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(d.path("sparse")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s := readStats(t, d.mnt); s.StoreBytes >= size/2 {
+		t.Fatalf("the removed file's holes are filled before the mapping touches them: %+v", s)
+	}
+	copy(m, patternBytes(size)) // the holes filled through the mapping
+	makeBuffer(t, d.path("g"), 0)
+	if err := os.Truncate(d.path("g"), 12<<20); err == nil {
+		t.Fatal("12 MiB fit a 16 MiB budget beside 8 MiB a mapping holds")
+	}
+	if s := readStats(t, d.mnt); s.ChargedBytes < size || s.StoreBytes > s.ChargedBytes {
+		t.Errorf("the mapping filled %d bytes of a removed file: %+v, want them charged", size, s)
+	}
+	unix.Munmap(m)
+	if err := os.Remove(d.path("g")); err != nil {
+		t.Fatal(err)
+	}
+	waitStats(t, d, "after the munmap", func(s mrfsStats) bool { return s.OpenUnlinked == 0 && s.ChargedBytes == 0 && s.StoreBytes == 0 })
+}
