@@ -11,6 +11,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"mrfs/fuseconn"
 	"mrfs/tree"
 )
 
@@ -27,8 +28,14 @@ type MountOptions struct {
 
 // Server is a mounted mrfs.
 type Server struct {
-	srv *fuse.Server
-	dir string
+	srv    *fuse.Server
+	dir    string
+	kernel *kernel
+	// conn is a descriptor of the connection of the daemon's own (the
+	// server has its own): what a successor adopts (DESIGN, Restart);
+	// init is the kernel's INIT.
+	conn int
+	init []byte
 }
 
 // ErrNoPassthrough means the kernel or the daemon's privileges do not
@@ -86,24 +93,77 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 			Logger:            mo.RequestLog,
 		},
 	}
-	srv, err := fusefs.Mount(dir, root, options)
+	s, err := serve(dir, fsName, root, options)
 	if err != nil {
 		fsys.forget.stop()
-		return nil, fmt.Errorf("mount %s: %w", dir, err)
+		return nil, err
 	}
 	go func() {
-		srv.Wait()
+		s.srv.Wait()
 		fsys.forget.stop()
 	}()
-	s := &Server{srv: srv, dir: dir}
 	if opt.ZeroCopy {
-		if err := probePassthrough(srv); err != nil {
+		if err := probePassthrough(s.srv); err != nil {
 			s.Unmount()
 			return nil, err
 		}
 	}
 	return s, nil
 }
+
+// serve mounts root at dir with a connection the daemon holds itself
+// (fuseconn), between the kernel and go-fuse's bridge the kernel's view
+// (kernel.go), and serves it.
+func serve(dir, fsName string, root fusefs.InodeEmbedder, options *fusefs.Options) (*Server, error) {
+	mo := &options.MountOptions
+	mo.MaxWrite = maxWrite
+	kopts := append([]string{fmt.Sprintf("max_read=%d", maxWrite)}, mo.Options...)
+	if mo.AllowOther {
+		kopts = append(kopts, "allow_other")
+	}
+	k := newKernel(fusefs.NewNodeFS(root, options))
+	fd, err := fuseconn.Mount(dir, fsName, mo.Name, kopts)
+	if errors.Is(err, syscall.EPERM) {
+		// Not privileged: go-fuse mounts through fusermount, and the
+		// connection is its alone (no upgrade keeps it).
+		srv, err := fuse.NewServer(k, dir, mo)
+		if err != nil {
+			return nil, fmt.Errorf("mount %s: %w", dir, err)
+		}
+		k.unregister = srv.UnregisterBackingFd
+		go srv.Serve()
+		if err := srv.WaitMount(); err != nil {
+			return nil, fmt.Errorf("mount %s: %w", dir, err)
+		}
+		return &Server{srv: srv, dir: dir, kernel: k, conn: -1}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	s := &Server{dir: dir, kernel: k, conn: -1}
+	fail := func(err error) (*Server, error) {
+		s.closeConn()
+		unix.Unmount(dir, unix.MNT_DETACH)
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	if s.conn, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+		unix.Close(fd)
+		return fail(fmt.Errorf("keep the connection: %w", err))
+	}
+	if s.srv, s.init, err = fuseconn.Serve(fd, nil, k, mo); err != nil {
+		return fail(err)
+	}
+	k.unregister = s.srv.UnregisterBackingFd
+	go s.srv.Serve()
+	if err := s.srv.WaitMount(); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// maxWrite is the largest write the kernel sends (and read it asks for):
+// go-fuse's default, told to both.
+const maxWrite = 128 << 10
 
 // probePassthrough registers and unregisters a backing file, the step
 // that fails without CAP_SYS_ADMIN or on kernels before 6.9.
@@ -132,11 +192,26 @@ func (s *Server) Wait() { s.srv.Wait() }
 // kernel refuses (EBUSY); the mount is then detached, so it disappears at
 // once and the client keeps its pages until it lets go.
 func (s *Server) Unmount() error {
-	if err := s.srv.Unmount(); err == nil {
-		return nil
+	if s.conn < 0 { // mounted by fusermount
+		if err := s.srv.Unmount(); err == nil {
+			return nil
+		}
+	} else {
+		defer s.closeConn()
+		if err := unix.Unmount(s.dir, 0); err == nil {
+			return nil
+		}
 	}
 	if err := unix.Unmount(s.dir, unix.MNT_DETACH); err != nil && err != syscall.EINVAL {
 		return fmt.Errorf("unmount %s: %w", s.dir, err)
 	}
 	return nil
+}
+
+// closeConn lets go of the daemon's own descriptor of the connection.
+func (s *Server) closeConn() {
+	if s.conn >= 0 {
+		unix.Close(s.conn)
+		s.conn = -1
+	}
 }

@@ -49,6 +49,12 @@ func Mount(dir, source, subtype string, options []string) (int, error) {
 // then takes that end's place, so the kernel sees no second answer.
 // The caller then calls the server's Serve.
 func Serve(fd int, init []byte, fs fuse.RawFileSystem, opts *fuse.MountOptions) (*fuse.Server, []byte, error) {
+	// go-fuse takes its connection from the /dev/fd/N name only when it
+	// is not told to mount itself; told to, it would mount over
+	// /dev/fuse, which that name leads to.
+	o := *opts
+	o.DirectMount, o.DirectMountStrict = false, false
+	opts = &o
 	if init == nil {
 		srv, err := fuse.NewServer(fs, fmt.Sprintf("/dev/fd/%d", fd), opts)
 		if err != nil {
