@@ -14,6 +14,7 @@ package fs
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -35,6 +36,20 @@ type Options struct {
 	// Gone is the mount's devices that left and have not come back
 	// (verbs/multi), for user.mrfs.state and stats. nil: none.
 	Gone func() []string
+	// Upgrade starts an upgrade in place to binary ("" the running
+	// one's path) and returns at once (user.mrfs.upgrade, DESIGN,
+	// Restart); an error is one found before it starts. nil: none.
+	Upgrade func(binary string) error
+	// Life is the daemon's start, the restarts the mount survived and
+	// the last upgrade's failure, for stats. nil: unknown.
+	Life func() Life
+}
+
+// Life is what stats say of the daemon's life.
+type Life struct {
+	Started      time.Time
+	Restarts     int
+	UpgradeError string
 }
 
 // filesystem is what every node shares.

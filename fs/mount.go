@@ -53,6 +53,18 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 	} else if !st.IsDir() {
 		return nil, fmt.Errorf("mountpoint %s is not a directory: %w", dir, syscall.ENOTDIR)
 	}
+	fsys, root, options := newFilesystem(opt, mo)
+	s, err := serve(dir, fsName(mo), root, options)
+	if err != nil {
+		fsys.forget.stop()
+		return nil, err
+	}
+	return s.started(fsys, opt)
+}
+
+// newFilesystem is the front end's state, its root node and go-fuse's
+// options.
+func newFilesystem(opt Options, mo MountOptions) (*filesystem, *dirNode, *fusefs.Options) {
 	fsys := &filesystem{Options: opt, mgr: opt.Tree.Manager(), log: opt.Log}
 	root := newDirNode(fsys, opt.Tree.Root())
 	fsys.forget = newForgetter(func(d *tree.Dir, name string) {
@@ -62,10 +74,6 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		}
 	})
 	negative := entryTimeout
-	fsName := mo.FsName
-	if fsName == "" {
-		fsName = "mrfs"
-	}
 	options := &fusefs.Options{
 		// Modes are shown exactly: 0000 is 0000 (key secrecy).
 		NullPermissions: true,
@@ -77,7 +85,7 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		NegativeTimeout: &negative,
 		// Attribute timeouts of files stay 0 (each reply sets its own).
 		MountOptions: fuse.MountOptions{
-			FsName:      fsName,
+			FsName:      fsName(mo),
 			Name:        "mrfs",
 			DirectMount: true,
 			AllowOther:  mo.AllowOther,
@@ -91,13 +99,22 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ATOMIC_O_TRUNC,
 			Debug:             mo.RequestLog != nil,
 			Logger:            mo.RequestLog,
+			MaxWrite:          maxWrite,
 		},
 	}
-	s, err := serve(dir, fsName, root, options)
-	if err != nil {
-		fsys.forget.stop()
-		return nil, err
+	return fsys, root, options
+}
+
+func fsName(mo MountOptions) string {
+	if mo.FsName == "" {
+		return "mrfs"
 	}
+	return mo.FsName
+}
+
+// started finishes a mount that serves: the forgetter ends with it, and
+// zero copy must work.
+func (s *Server) started(fsys *filesystem, opt Options) (*Server, error) {
 	go func() {
 		s.srv.Wait()
 		fsys.forget.stop()
@@ -116,7 +133,6 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 // (kernel.go), and serves it.
 func serve(dir, fsName string, root fusefs.InodeEmbedder, options *fusefs.Options) (*Server, error) {
 	mo := &options.MountOptions
-	mo.MaxWrite = maxWrite
 	kopts := append([]string{fmt.Sprintf("max_read=%d", maxWrite)}, mo.Options...)
 	if mo.AllowOther {
 		kopts = append(kopts, "allow_other")

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 
@@ -274,6 +275,9 @@ func (n *bufferNode) Setxattr(ctx context.Context, attr string, data []byte, fla
 }
 
 func (n *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if attr == xattrUpgrade && n.dir.IsRoot() {
+		return n.setUpgrade(ctx, string(data))
+	}
 	if attr == xattrRegister {
 		return n.setRegister(ctx, data)
 	}
@@ -305,6 +309,22 @@ func removexattrErrno(attr string) syscall.Errno {
 }
 
 const xattrCreate = 1 // XATTR_CREATE
+
+// xattrUpgrade, set on the root by root or the mount's owner, upgrades
+// the daemon in place to the program the value names ("" the running
+// one's path): `mrfs upgrade`. It returns once the upgrade started; stats
+// say how it ended (restarts, upgrade_error).
+const xattrUpgrade = xattrPrefix + "upgrade"
+
+func (n *dirNode) setUpgrade(ctx context.Context, binary string) syscall.Errno {
+	if c := caller(ctx); c.UID != 0 && c.UID != uint32(os.Geteuid()) {
+		return syscall.EPERM
+	}
+	if n.fsys.Upgrade == nil {
+		return syscall.EOPNOTSUPP
+	}
+	return toErrno(n.fsys.log, "upgrade", n.fsys.Upgrade(strings.TrimRight(binary, "\x00\n")))
+}
 
 // devices is the names of the devices present (several joined, or one).
 func (fsys *filesystem) devices() []string {
@@ -368,6 +388,12 @@ type stats struct {
 	// PID is the daemon's process: `mrfs umount` waits for it to exit
 	// where the kernel's fdinfo does not name a FUSE connection's server.
 	PID int `json:"pid"`
+	// Started is when the daemon's program started (RFC 3339), Restarts
+	// how many restarts (upgrades in place) the mount survived, and
+	// UpgradeError why the last upgrade asked for did not happen.
+	Started      string `json:"started,omitempty"`
+	Restarts     int    `json:"restarts"`
+	UpgradeError string `json:"upgrade_error,omitempty"`
 	// Pools are the mount's pools by PD number (DESIGN "Pools").
 	Pools map[string]statsPool `json:"pools,omitempty"`
 	// Devices are the devices every buffer is registered on, the first
@@ -428,7 +454,18 @@ func (fsys *filesystem) statsJSON() []byte {
 	if maxMRSize == ^uint64(0) {
 		maxMRSize = 0 // unlimited
 	}
+	var life Life
+	if fsys.Life != nil {
+		life = fsys.Life()
+	}
+	started := ""
+	if !life.Started.IsZero() {
+		started = life.Started.Format(time.RFC3339Nano)
+	}
 	b, err := json.Marshal(stats{
+		Started:           started,
+		Restarts:          life.Restarts,
+		UpgradeError:      life.UpgradeError,
 		Pools:             pools,
 		Devices:           fsys.devices(),
 		DevicesGone:       fsys.gone(),

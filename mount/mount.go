@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"mrfs/buffer"
 	"mrfs/fs"
@@ -52,6 +53,7 @@ type parts struct {
 	tree   *tree.Tree
 	watch  *deviceWatch
 	srv    *fs.Server
+	life   life
 }
 
 // Run mounts, serves until a stop signal or an unmount from outside, and
@@ -103,12 +105,21 @@ func Run(opt Options) error {
 // start makes the mount's parts; on a failure it closes what it made.
 func start(opt Options) (_ *parts, err error) {
 	cfg, log := opt.Config, opt.Log
-	p := &parts{}
+	p := &parts{life: life{started: time.Now()}}
 	defer func() {
 		if err != nil {
 			p.close()
 		}
 	}()
+	if p.life.exe, err = os.Executable(); err != nil {
+		return nil, fmt.Errorf("the daemon's own program: %w", err)
+	}
+	// An upgrade in place executed this program: the mount, its store and
+	// its namespace are taken over, not made.
+	inh, err := takeInherited()
+	if err != nil {
+		return nil, err
+	}
 	if p.prov, err = ChooseProvider(cfg.Verbs, log); err != nil {
 		return nil, err
 	}
@@ -117,7 +128,7 @@ func start(opt Options) (_ *parts, err error) {
 	}
 	mapReserve := testMapReserve(log)
 	defaultMaxBuffers(&cfg.Buffers, mapReserve, log)
-	st, budget, err := openStore(cfg.Buffers, log)
+	st, budget, err := openStore(cfg.Buffers, inh, log)
 	if err != nil {
 		return nil, err
 	}
@@ -131,14 +142,20 @@ func start(opt Options) (_ *parts, err error) {
 	p.pub = &publishing{next: p.mx.bufferEvents()}
 	p.mgr = buffer.NewManager(p.dev, managerOptions(cfg, budget, st, p.pub, mapReserve, log), log)
 	p.mx.watch(p.mgr)
-	// The root belongs to whoever mounts (a non-root user's own mount).
-	p.tree, err = tree.New(p.mgr, tree.Options{
+	topt := tree.Options{
 		DefaultSize:   uint64(cfg.Buffers.DefaultSize),
 		DefaultAccess: cfg.Buffers.DefaultAccess,
 		Umask:         cfg.Mount.Umask,
 		Log:           log,
 		Changed:       p.pub.changed,
-	}, cfg.Buffers.DefaultAccess, tree.Owner{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}, 0o755)
+	}
+	if inh != nil {
+		p.life.restarts = inh.state.Restarts
+		p.tree, err = tree.Restore(p.mgr, topt, inh.state.Tree)
+	} else {
+		// The root belongs to whoever mounts (a non-root user's own mount).
+		p.tree, err = tree.New(p.mgr, topt, cfg.Buffers.DefaultAccess, tree.Owner{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}, 0o755)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -147,14 +164,25 @@ func start(opt Options) (_ *parts, err error) {
 	// Peers may name the tree's directories from now on: by the time the
 	// mount is visible, a peer never finds mrfs still mounting.
 	p.remote.Serve(p.tree.Domain)
-	p.srv, err = fs.Mount(opt.Dir, fs.Options{
+	fopt := fs.Options{
 		Tree:     p.tree,
 		Backend:  p.prov.Name(),
 		ZeroCopy: cfg.Mount.ZeroCopy,
 		Log:      log,
 		Remote:   p.remote.Where,
 		Gone:     p.watch.Gone,
-	}, fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)})
+		Upgrade:  func(binary string) error { return p.startUpgrade(binary, log) },
+		Life:     p.life.get,
+	}
+	mo := fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)}
+	if inh != nil {
+		p.srv, err = fs.Adopt(opt.Dir, fopt, mo, fs.Handover{Conn: inh.conn, Init: inh.init, Kernel: inh.state.Kernel})
+		if err == nil {
+			log.Info("upgraded in place: the mount, its buffers and its names are kept; keys are new", "restarts", p.life.restarts)
+		}
+	} else {
+		p.srv, err = fs.Mount(opt.Dir, fopt, mo)
+	}
 	if errors.Is(err, fs.ErrNoPassthrough) {
 		return nil, fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
 	}

@@ -16,7 +16,7 @@ import (
 // share of the memory the daemon may use) and makes the backing store: a
 // private tmpfs of that size, or memfds where the daemon may not make
 // one (no CAP_SYS_ADMIN: the degraded mode), which the log says.
-func openStore(cfg config.Buffers, log *slog.Logger) (store.Store, uint64, error) {
+func openStore(cfg config.Buffers, inh *inherited, log *slog.Logger) (store.Store, uint64, error) {
 	mem, err := sysmem.Read()
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the memory the daemon may use: %w", err)
@@ -32,7 +32,16 @@ func openStore(cfg config.Buffers, log *slog.Logger) (store.Store, uint64, error
 			of += " (the memory cgroup's limit)"
 		}
 	}
-	s, err := store.NewTmpfs(store.TmpfsOptions{Size: budget, Files: uint64(cfg.MaxBuffers), Huge: cfg.HugePages})
+	topt := store.TmpfsOptions{Size: budget, Files: uint64(cfg.MaxBuffers), Huge: cfg.HugePages}
+	if inh != nil {
+		s, err := store.AdoptTmpfs(inh.store, topt)
+		if err != nil {
+			return nil, 0, fmt.Errorf("backing store: %w", err)
+		}
+		log.Info("backing store: the private tmpfs of the program before", "max_pinned", sizeOrNone(budget), "from", of)
+		return s, budget, nil
+	}
+	s, err := store.NewTmpfs(topt)
 	switch {
 	case err == nil:
 		log.Info("backing store: a private tmpfs", "max_pinned", sizeOrNone(budget), "from", of, "huge_pages", cfg.HugePages)

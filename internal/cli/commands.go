@@ -33,6 +33,8 @@ func commands() []command {
 			summary: "Mount mrfs at MOUNTPOINT and serve it until SIGINT, SIGTERM or an unmount; in the foreground unless --daemon."},
 		{name: "umount", aliases: []string{"unmount"}, args: "MOUNTPOINT", run: func(a []string, _, _ io.Writer) error { return cmdUmount(a) },
 			summary: "Unmount an mrfs mount and wait until its daemon has torn down; also clears the mount of a daemon that was killed."},
+		{name: "upgrade", args: "MOUNTPOINT", run: func(a []string, o, _ io.Writer) error { return cmdUpgrade(a, o) },
+			summary: "Upgrade a mount's daemon in place: it executes the new program (--binary, or its own path) in its own process, which takes over the mount, its names, its buffers' bytes and the clients' open files and mappings; registrations are made anew, so keys change."},
 		{name: "status", args: "MOUNTPOINT", run: func(a []string, o, _ io.Writer) error { return cmdStatus(a, o) },
 			summary: "Print the buffers of a mount with their keys and access, the totals and the limits."},
 		{name: "alloc", args: "SIZE FILE", run: cmdAlloc,

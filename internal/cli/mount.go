@@ -46,10 +46,12 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if *daemon && os.Getenv(readyFDEnv) == "" {
+	// A program an upgrade executed in place is the daemon already.
+	restarted := mount.Restarted()
+	if *daemon && os.Getenv(readyFDEnv) == "" && !restarted {
 		return daemonize(append([]string{"mount"}, args...), stderr)
 	}
-	svc, err := newService(cfg.Log, stderr, *daemon)
+	svc, err := newService(cfg.Log, stderr, *daemon && !restarted)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,210 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"mrfs/fuseconn"
+	"mrfs/tree"
+)
+
+// Handover is what a daemon gives its successor of the mount (DESIGN,
+// Restart): a descriptor of the FUSE connection, the kernel's INIT, and
+// what the kernel holds of the mount.
+type Handover struct {
+	Conn   int
+	Init   []byte
+	Kernel KernelState
+}
+
+// Pause holds new requests (they wait, unanswered) and waits up to
+// timeout for those under way: EBUSY, and nothing held, when they do not
+// end by then. The kernel's view changes only by FORGETs meanwhile.
+func (s *Server) Pause(timeout time.Duration) error { return s.kernel.gate.close(timeout) }
+
+// Resume lets requests through again after a Pause.
+func (s *Server) Resume() { s.kernel.gate.open() }
+
+// Handover is what a successor needs, from a paused server whose tree is
+// t: EBUSY when the kernel holds a node t no longer has (a removed file
+// still open or mapped: its successor could not answer for it), or when
+// the connection is not the daemon's (mounted by fusermount).
+func (s *Server) Handover(t *tree.Tree) (Handover, error) {
+	if s.conn < 0 {
+		return Handover{}, fmt.Errorf("the connection was made by fusermount and dies with this process: %w", syscall.EOPNOTSUPP)
+	}
+	k := s.kernel.state()
+	inos := treeInos(t)
+	for id := range k.Nodes {
+		if id != fuse.FUSE_ROOT_ID && !inos[id] {
+			return Handover{}, fmt.Errorf("the kernel holds node %d, a removed file still open or mapped: %w", id, syscall.EBUSY)
+		}
+	}
+	return Handover{Conn: s.conn, Init: s.init, Kernel: k}, nil
+}
+
+// treeInos is the set of t's inode numbers.
+func treeInos(t *tree.Tree) map[uint64]bool {
+	inos := map[uint64]bool{}
+	walk(t.Root(), func(n tree.Node, _ *tree.Dir, _ string) { inos[n.Ino()] = true })
+	return inos
+}
+
+// walk calls f on every node under d (d's first, then what each
+// directory holds), with its directory and name.
+func walk(d *tree.Dir, f func(n tree.Node, parent *tree.Dir, name string)) {
+	for _, e := range d.Entries() {
+		f(e.Node, d, e.Name)
+		if sub, ok := e.Node.(*tree.Dir); ok {
+			walk(sub, f)
+		}
+	}
+}
+
+// Adopt serves opt.Tree on the connection an earlier daemon handed over
+// (h), at dir: go-fuse is given the INIT the kernel sent that daemon, the
+// nodes the kernel holds are looked up as many times as the kernel
+// counts, its open handles opened again (a handle of a file opened zero
+// copy takes its hold again, and keeps the backing id the kernel has),
+// then the kernel is asked to send again what that daemon read and never
+// answered. It takes h.Conn. On failure the connection is left to the
+// caller's other descriptors, if any: nothing is served.
+func Adopt(dir string, opt Options, mo MountOptions, h Handover) (*Server, error) {
+	fsys, root, options := newFilesystem(opt, mo)
+	fail := func(err error) (*Server, error) {
+		fsys.forget.stop()
+		return nil, fmt.Errorf("adopt the mount at %s: %w", dir, err)
+	}
+	raw := fusefs.NewNodeFS(root, options)
+	// Every directory's node, as Mkdir makes it (Lookup finds it there).
+	walk(opt.Tree.Root(), func(n tree.Node, parent *tree.Dir, _ string) {
+		if d, ok := n.(*tree.Dir); ok {
+			p := parent.Aux().(*dirNode)
+			p.NewPersistentInode(context.Background(), newDirNode(fsys, d), fusefs.StableAttr{Mode: syscall.S_IFDIR, Ino: d.Ino()})
+		}
+	})
+	k := newKernel(raw)
+	s := &Server{dir: dir, kernel: k, conn: -1}
+	var err error
+	if s.conn, err = unix.FcntlInt(uintptr(h.Conn), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+		unix.Close(h.Conn)
+		return fail(fmt.Errorf("keep the connection: %w", err))
+	}
+	if s.srv, s.init, err = fuseconn.Serve(h.Conn, h.Init, k, &options.MountOptions); err != nil {
+		s.closeConn()
+		return fail(err)
+	}
+	k.unregister = s.srv.UnregisterBackingFd
+	if err := k.restore(raw, opt.Tree, h.Kernel); err != nil {
+		s.closeConn()
+		return fail(err)
+	}
+	go s.srv.Serve()
+	if err := fuseconn.Resend(s.conn); err != nil {
+		opt.Log.Warn("requests the earlier daemon read and never answered are lost", "err", err)
+	}
+	return s.started(fsys, opt)
+}
+
+// restore makes go-fuse (raw, not yet serving) hold what the kernel holds
+// (st) of t: each node looked up as many times as the kernel counts, its
+// directory first (one not held is looked up for the while and forgotten
+// after), and each handle opened again under the kernel's number.
+func (k *kernel) restore(raw fuse.RawFileSystem, t *tree.Tree, st KernelState) error {
+	caller := fuse.Caller{Owner: fuse.Owner{Uid: 0, Gid: 0}, Pid: uint32(os.Getpid())}
+	held := map[uint64]bool{fuse.FUSE_ROOT_ID: true}
+	var temp []uint64 // looked up only to reach what they hold
+	lookup := func(parent *tree.Dir, name string, ino uint64, n uint64) error {
+		for range n {
+			var out fuse.EntryOut
+			if s := raw.Lookup(nil, &fuse.InHeader{NodeId: parent.Ino(), Caller: caller}, name, &out); !s.Ok() || out.NodeId != ino {
+				return fmt.Errorf("look up node %d (%q in node %d): %v, got node %d", ino, name, parent.Ino(), s, out.NodeId)
+			}
+		}
+		return nil
+	}
+	// Where each node is; directories come before what they hold.
+	type place struct {
+		parent *tree.Dir
+		name   string
+	}
+	where := map[uint64]place{}
+	var order []uint64
+	walk(t.Root(), func(n tree.Node, parent *tree.Dir, name string) {
+		where[n.Ino()] = place{parent, name}
+		order = append(order, n.Ino())
+	})
+	// reach makes go-fuse hold directory ino, for a node in it.
+	var reach func(ino uint64) error
+	reach = func(ino uint64) error {
+		if held[ino] {
+			return nil
+		}
+		w := where[ino]
+		if err := reach(w.parent.Ino()); err != nil {
+			return err
+		}
+		held[ino] = true
+		temp = append(temp, ino)
+		return lookup(w.parent, w.name, ino, 1)
+	}
+	for _, ino := range order {
+		n := st.Nodes[ino]
+		if n == 0 || held[ino] {
+			continue
+		}
+		w := where[ino]
+		if err := reach(w.parent.Ino()); err != nil {
+			return err
+		}
+		if err := lookup(w.parent, w.name, ino, n); err != nil {
+			return err
+		}
+		held[ino] = true
+	}
+	k.mu.Lock()
+	for id, n := range st.Nodes {
+		k.nodes[id] = n
+	}
+	k.mu.Unlock()
+	for _, h := range st.Handles {
+		// Opened again as it is, but never to truncate or create.
+		in := &fuse.OpenIn{InHeader: fuse.InHeader{NodeId: h.Node, Caller: caller},
+			Flags: h.Flags &^ (syscall.O_TRUNC | syscall.O_CREAT | syscall.O_EXCL)}
+		var out fuse.OpenOut
+		var s fuse.Status
+		if h.Dir {
+			s = raw.OpenDir(nil, in, &out)
+		} else {
+			s = raw.Open(nil, in, &out)
+		}
+		if !s.Ok() {
+			return fmt.Errorf("open node %d again (handle %d): %v", h.Node, h.Fh, s)
+		}
+		k.mu.Lock()
+		k.handles[h.Fh] = h
+		k.restored[h.Fh] = out.Fh
+		if h.Backing != 0 {
+			b := k.backing[h.Node]
+			if b == nil {
+				b = &backingRef{id: h.Backing}
+				k.backing[h.Node] = b
+			}
+			b.refs++
+		}
+		k.mu.Unlock()
+	}
+	for _, ino := range temp {
+		raw.Forget(ino, 1)
+	}
+	// New handles are numbered above every one the kernel holds.
+	k.base = st.Base + 1<<32
+	return nil
+}
