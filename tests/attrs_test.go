@@ -154,6 +154,9 @@ type mrfsStats struct {
 	PID             int                  `json:"pid"`
 	Devices         []string             `json:"devices"`
 	DevicesGone     []string             `json:"devices_gone"`
+	Started         string               `json:"started"`
+	Restarts        int                  `json:"restarts"`
+	UpgradeError    string               `json:"upgrade_error"`
 }
 
 func readStats(t testing.TB, mnt string) mrfsStats {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // syncBuffer collects a subprocess's output while the test reads it.
@@ -280,10 +282,33 @@ func tail(s string, n int) string {
 }
 
 // isMounted reports whether /proc/self/mountinfo has a FUSE mount at mnt.
-func isMounted(mnt string) bool {
+func isMounted(mnt string) bool { return fuseDevice(mnt) != "" }
+
+// abort ends d's FUSE connection from the kernel's side (fusectl), which
+// unblocks every call on the mount at once without touching it: for a
+// daemon that stopped answering, where even forking umount can hang (the
+// child closes the parent's descriptors of the mount).
+func (d *daemon) abort() {
+	dev := fuseDevice(d.mnt)
+	_, minor, ok := strings.Cut(dev, ":")
+	if !ok {
+		return
+	}
+	const ctl = "/sys/fs/fuse/connections"
+	if _, err := os.Stat(ctl + "/" + minor); err != nil {
+		_ = unix.Mount("fusectl", ctl, "fusectl", 0, "")
+	}
+	if err := os.WriteFile(ctl+"/"+minor+"/abort", []byte("1"), 0o200); err != nil {
+		d.t.Logf("abort the FUSE connection %s of %s: %v", dev, d.mnt, err)
+	}
+}
+
+// fuseDevice is the device (major:minor) of the FUSE mount at mnt, from
+// mountinfo (which does not touch the mount), or "".
+func fuseDevice(mnt string) string {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return false
+		return ""
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		left, right, ok := strings.Cut(line, " - ")
@@ -296,10 +321,10 @@ func isMounted(mnt string) bool {
 			continue
 		}
 		if unescapeMountinfo(f[4]) == mnt && (r[0] == "fuse" || strings.HasPrefix(r[0], "fuse.")) {
-			return true
+			return f[2]
 		}
 	}
-	return false
+	return ""
 }
 
 func unescapeMountinfo(s string) string {

@@ -1,0 +1,266 @@
+package tests
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// upgrade runs `mrfs upgrade` on d and returns its output.
+func upgrade(t *testing.T, d *daemon, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command(mrfsBin, append([]string{"upgrade", "--timeout", "30s"}, append(args, d.mnt)...)...).CombinedOutput()
+	return string(out), err
+}
+
+// nodeFacts are what a restart must keep of a node: its inode number,
+// type and mode, owner, size and bytes (a file's), token (a directory's).
+func nodeFacts(t *testing.T, path string) string {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatalf("stat %s: %v", path, err)
+	}
+	facts := fmt.Sprintf("ino %d mode %o uid %d gid %d size %d", st.Ino, st.Mode, st.Uid, st.Gid, st.Size)
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		tok, err := getxattr(path, xToken)
+		return fmt.Sprintf("%s token %s %v", facts, tok, err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	return fmt.Sprintf("%s bytes %x", facts, sha256.Sum256(b))
+}
+
+// desc is the part of user.mrfs.desc an upgrade changes.
+type upgradeDesc struct {
+	RKey       string `json:"rkey"`
+	Generation int    `json:"generation"`
+}
+
+func descOf(t *testing.T, path string) upgradeDesc {
+	t.Helper()
+	var d upgradeDesc
+	if err := json.Unmarshal([]byte(mustXattr(t, path, xDesc)), &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestUpgradeInPlace upgrades a daemon while a client holds a file open
+// (read-write, zero copy), a mapping of another whose descriptor it
+// closed, and a directory open, and while another loops over stat and
+// listings. The daemon keeps its pid; every name, inode number, mode,
+// owner, byte and token is the same; every key is new and every
+// generation one more; the open descriptor, the directory and the mapping
+// work on, their writes landing in the files the new daemon registered
+// (a peer reads them with the new keys); a new open of a file a
+// descriptor from before holds works (the kernel's backing file is
+// kept); the loop sees no error; and when all is closed nothing is left
+// open or uncharged.
+func TestUpgradeInPlace(t *testing.T) {
+	t.Parallel()
+	d, _ := startRemoteConf(t, remoteConfig())
+	sub := d.path("sub")
+	if err := os.Mkdir(sub, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(sub, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	const size = 1 << 20
+	a, b := d.path("a"), filepath.Join(sub, "b")
+	remoteBuf(t, a, size, allRemote)
+	if err := os.WriteFile(a, patternBytes(size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Held open across the upgrade, opened to truncate: opened again by
+	// the new daemon, it must not be truncated again.
+	fb, err := os.OpenFile(b, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	if _, err := fb.Write([]byte("bee")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(b, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.path("empty"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	paths := []string{d.mnt, sub, a, b, d.path("empty")}
+	before := map[string]string{}
+	for _, p := range paths {
+		before[p] = nodeFacts(t, p)
+	}
+	descA, descB := descOf(t, a), descOf(t, b)
+	life := readStats(t, d.mnt)
+
+	// What else the client holds across the upgrade.
+	m := mapClosed(t, a, size)
+	fa, err := os.Open(a) // its passthrough backing is the kernel's from before
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fa.Close()
+	dir, err := os.Open(sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+
+	// A metadata loop through the upgrade: it may pause, never fail.
+	var stop atomic.Bool
+	var loops atomic.Int64
+	var loopErrs []string
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ; !stop.Load(); loops.Add(1) {
+			var st unix.Stat_t
+			if err := unix.Stat(a, &st); err != nil {
+				loopErrs = append(loopErrs, "stat: "+err.Error())
+			}
+			if _, err := os.ReadDir(d.mnt); err != nil {
+				loopErrs = append(loopErrs, "readdir: "+err.Error())
+			}
+		}
+	})
+
+	out, err := upgrade(t, d)
+	if err != nil || !strings.Contains(out, "upgraded in place") {
+		stop.Store(true)
+		wg.Wait()
+		t.Fatalf("mrfs upgrade: %v: %s\ndaemon:\n%s", err, out, d.stderr)
+	}
+	// Long enough for the kernel to forget names it was given before the
+	// upgrade (forget.go): lookup counts the new daemon did not restore
+	// right would fail it then.
+	time.Sleep(2 * time.Second)
+	n := loops.Load()
+	time.Sleep(500 * time.Millisecond)
+	if loops.Load() == n {
+		// A daemon that stopped answering would hold every call below:
+		// end it (its mount aborts), and fail now.
+		d.abort()
+		d.kill()
+		stop.Store(true)
+		wg.Wait()
+		t.Fatalf("the metadata loop stopped after the upgrade: the daemon answers no more; stderr:\n%s", tail(d.stderr.String(), 60))
+	}
+	stop.Store(true)
+	wg.Wait()
+	if len(loopErrs) > 0 {
+		t.Errorf("the metadata loop failed %d times through the upgrade: %v", len(loopErrs), loopErrs[:min(len(loopErrs), 5)])
+	}
+
+	now := readStats(t, d.mnt)
+	if now.PID != life.PID || now.Restarts != life.Restarts+1 || now.Started == life.Started || d.exited() {
+		t.Fatalf("after the upgrade: pid %d restarts %d started %s, before pid %d restarts %d started %s",
+			now.PID, now.Restarts, now.Started, life.PID, life.Restarts, life.Started)
+	}
+	for _, p := range paths {
+		if got := nodeFacts(t, p); got != before[p] {
+			t.Errorf("%s after the upgrade: %s, before: %s", p, got, before[p])
+		}
+	}
+	for _, c := range []struct {
+		path string
+		was  upgradeDesc
+	}{{a, descA}, {b, descB}} {
+		if got := descOf(t, c.path); got.RKey == c.was.RKey || got.Generation != c.was.Generation+1 {
+			t.Errorf("%s: rkey %s generation %d after the upgrade, before %s %d: want a new key, one generation more",
+				c.path, got.RKey, got.Generation, c.was.RKey, c.was.Generation)
+		}
+	}
+
+	// What the client held works on.
+	copy(m[100:], "through the old mapping")
+	if _, err := fb.WriteAt([]byte("through the old descriptor"), 3); err != nil {
+		t.Errorf("write through a descriptor opened before the upgrade: %v", err)
+	}
+	if names, err := dir.Readdirnames(-1); err != nil || len(names) != 1 || names[0] != "b" {
+		t.Errorf("list a directory opened before the upgrade: %v %v", names, err)
+	}
+	fa2, err := os.OpenFile(a, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("a new open of a file a descriptor from before holds: %v", err)
+	}
+	defer fa2.Close()
+	got := make([]byte, 23)
+	if _, err := fa2.ReadAt(got, 100); err != nil || string(got) != "through the old mapping" {
+		t.Errorf("the old mapping's write, read by a new descriptor: %q %v", got, err)
+	}
+	if b2, err := os.ReadFile(b); err != nil || string(b2) != "beethrough the old descriptor" {
+		t.Errorf("the old descriptor's write: %q %v", b2, err)
+	}
+	// A peer with the new keys reads what the old mapping wrote: the new
+	// registration is of the same pages.
+	addr, rkey := keysOf(t, a)
+	c := dialPD(t, d.remotePeer(t), "/")
+	rd := make([]byte, 23)
+	if err := c.Read(rd, addr+100, rkey); err != nil || string(rd) != "through the old mapping" {
+		t.Errorf("a peer's read with the new keys: %q %v", rd, err)
+	}
+
+	unix.Munmap(m)
+	fb.Close()
+	fa.Close()
+	fa2.Close()
+	dir.Close()
+	waitStats(t, d, "all closed after the upgrade", func(s mrfsStats) bool {
+		return s.OpenFiles == 0 && s.OpenUnlinked == 0 && s.ChargedBytes == s.StoreBytes
+	})
+	if code := d.stop(syscall.SIGTERM); code != 0 {
+		t.Errorf("the upgraded daemon exited %d; stderr:\n%s", code, d.stderr)
+	}
+}
+
+// TestUpgradeRefused: what a new program could not take over refuses the
+// upgrade before anything is handed over, with the reason, and the mount
+// serves on as it was: a removed file still open (the kernel holds a node
+// the namespace no longer has), a pool.
+func TestUpgradeRefused(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	keep := d.path("keep")
+	if err := os.WriteFile(keep, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := os.Create(d.path("gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(d.path("gone")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := upgrade(t, d)
+	if err == nil || !strings.Contains(out, "removed file still open") {
+		t.Errorf("upgrade with a removed file open: %v %s, want refused naming it", err, out)
+	}
+	gone.Close()
+	makePool(t, d, "pool", "4KiB", 2)
+	out, err = upgrade(t, d)
+	if err == nil || !strings.Contains(out, "pool") {
+		t.Errorf("upgrade with a pool: %v %s, want refused naming it", err, out)
+	}
+	if s := readStats(t, d.mnt); s.Restarts != 0 || s.UpgradeError == "" {
+		t.Errorf("after refused upgrades: restarts %d, upgrade_error %q", s.Restarts, s.UpgradeError)
+	}
+	if b, err := os.ReadFile(keep); err != nil || string(b) != "kept" {
+		t.Errorf("the mount after refused upgrades: %q %v", b, err)
+	}
+}
