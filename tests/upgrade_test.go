@@ -172,6 +172,9 @@ func TestUpgradeInPlace(t *testing.T) {
 		t.Fatalf("after the upgrade: pid %d restarts %d started %s, before pid %d restarts %d started %s",
 			now.PID, now.Restarts, now.Started, life.PID, life.Restarts, life.Started)
 	}
+	if out, err := exec.Command(mrfsBin, "status", d.mnt).CombinedOutput(); err != nil || !strings.Contains(string(out), "1 restart survived") {
+		t.Errorf("mrfs status after an upgrade: %v\n%s", err, out)
+	}
 	for _, p := range paths {
 		if got := nodeFacts(t, p); got != before[p] {
 			t.Errorf("%s after the upgrade: %s, before: %s", p, got, before[p])

@@ -50,6 +50,9 @@ type rootStats struct {
 	Pools       map[string]statusPool `json:"pools"`
 	Devices     []string              `json:"devices"`
 	DevicesGone []string              `json:"devices_gone"`
+	PID         int                   `json:"pid"`
+	Started     string                `json:"started"`
+	Restarts    int                   `json:"restarts"`
 }
 
 // statusPool is the part of a pool's entry in user.mrfs.stats status shows.
@@ -179,6 +182,9 @@ func printTotals(stdout io.Writer, st rootStats, unreadable []string) {
 		dev += " (gone: " + strings.Join(st.DevicesGone, ", ") + ")"
 	}
 	fmt.Fprintf(stdout, "\nbackend %s, %s, zero copy %s\n", st.Backend, dev, zc)
+	if st.Started != "" {
+		fmt.Fprintf(stdout, "daemon: pid %d, started %s, %s survived\n", st.PID, st.Started, plural(st.Restarts, "restart"))
+	}
 	if len(unreadable) > 0 {
 		fmt.Fprintf(stdout, "not readable by this user: %s\n", strings.Join(unreadable, ", "))
 	}
