@@ -108,10 +108,7 @@ func (m *Manager) Adopt(d *Domain, k Kept) (*Buffer, error) {
 	}
 	f, err := ls.Open(k.File)
 	if err != nil {
-		b.gone = freed
-		m.mu.Lock()
-		m.forgetLocked(b)
-		m.mu.Unlock()
+		b.abandonLocked() // no file yet: nothing is removed
 		return nil, fmt.Errorf("adopt buffer: %w", err)
 	}
 	b.f, b.access, b.gen = f, k.Access, uint32(k.Generation)

@@ -203,13 +203,19 @@ func (b *Buffer) abandonLocked() {
 		b.f = nil
 	}
 	b.gone = freed
-	m := b.m
-	m.mu.Lock()
+	b.m.mu.Lock()
+	b.m.unaccountLocked(b)
+	b.m.mu.Unlock()
+}
+
+// unaccountLocked uncharges b, ends what it had in flight and takes it out of
+// the manager's set: a buffer that never was (abandonLocked) or that a
+// process leaves to its successor (leave). Callers hold m.mu.
+func (m *Manager) unaccountLocked(b *Buffer) {
 	m.setChargeLocked(b, 0)
 	m.inflight -= b.reserved
 	b.reserved = 0
 	m.forgetLocked(b)
-	m.mu.Unlock()
 }
 
 // forgetLocked takes b, freed or never made, out of the manager's set
@@ -986,13 +992,9 @@ func (b *Buffer) leave(why gone) (nregions int, unpinned uint64, err error) {
 	if nregions, unpinned, err = b.unregisterLocked(); err != nil {
 		return nregions, unpinned, fmt.Errorf("leave: %w", err)
 	}
-	m := b.m
-	m.mu.Lock()
-	m.setChargeLocked(b, 0)
-	m.inflight -= b.reserved
-	b.reserved = 0
-	m.forgetLocked(b)
-	m.mu.Unlock()
+	b.m.mu.Lock()
+	b.m.unaccountLocked(b)
+	b.m.mu.Unlock()
 	b.f, b.reason, b.gone = nil, "", why
 	return nregions, unpinned, nil
 }
