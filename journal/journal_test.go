@@ -420,6 +420,20 @@ func TestJournalCompactWindow(t *testing.T) {
 	wantSame(t, "after a change during Compact", x.replay(t), want)
 }
 
+// TestJournalKeepsNewIno: a number NewIno gave, after the last node
+// made, is in the replayed state: a process restored from the journal
+// never gives it to a node of its own.
+func TestJournalKeepsNewIno(t *testing.T) {
+	x := newJournaled(t)
+	if _, err := x.tr.Root().Create("f", tree.Owner{}, 0o600, nil); err != nil {
+		t.Fatal(err)
+	}
+	ino := x.tr.NewIno()
+	if got := x.replay(t).LastIno; got < ino {
+		t.Errorf("replayed last inode %d, but NewIno gave %d: a restored tree would give it again", got, ino)
+	}
+}
+
 // TestJournalCompactFrees: a journal of a long churn holds the memory
 // of its last state and the records since, not of every change.
 func TestJournalCompactFrees(t *testing.T) {
