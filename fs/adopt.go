@@ -32,22 +32,25 @@ func (s *Server) Pause(timeout time.Duration) error { return s.kernel.gate.close
 // Resume lets requests through again after a Pause.
 func (s *Server) Resume() { s.kernel.gate.open() }
 
-// Handover is what a successor needs, from a paused server whose tree is
-// t: EBUSY when the kernel holds a node t no longer has (a removed file
-// still open or mapped: its successor could not answer for it), or when
-// the connection is not the daemon's (mounted by fusermount).
-func (s *Server) Handover(t *tree.Tree) (Handover, error) {
+// Handover calls then with what a successor needs, from a paused server
+// whose tree is t; FORGETs wait until then returns (it executes the
+// successor, and returns only when that failed). EBUSY when the kernel
+// holds a node t no longer has (a removed file still open or mapped: its
+// successor could not answer for it), EOPNOTSUPP when the connection is
+// not the daemon's (mounted by fusermount).
+func (s *Server) Handover(t *tree.Tree, then func(Handover) error) error {
 	if s.conn < 0 {
-		return Handover{}, fmt.Errorf("the connection was made by fusermount and dies with this process: %w", syscall.EOPNOTSUPP)
+		return fmt.Errorf("the connection was made by fusermount and dies with this process: %w", syscall.EOPNOTSUPP)
 	}
-	k := s.kernel.state()
 	inos := treeInos(t)
-	for id := range k.Nodes {
-		if id != fuse.FUSE_ROOT_ID && !inos[id] {
-			return Handover{}, fmt.Errorf("the kernel holds node %d, a removed file still open or mapped: %w", id, syscall.EBUSY)
+	return s.kernel.frozen(func(k KernelState) error {
+		for id := range k.Nodes {
+			if id != fuse.FUSE_ROOT_ID && !inos[id] {
+				return fmt.Errorf("the kernel holds node %d, a removed file still open or mapped: %w", id, syscall.EBUSY)
+			}
 		}
-	}
-	return Handover{Conn: s.conn, Init: s.init, Kernel: k}, nil
+		return then(Handover{Conn: s.conn, Init: s.init, Kernel: k})
+	})
 }
 
 // treeInos is the set of t's inode numbers.

@@ -77,9 +77,13 @@ func newKernel(bridge fuse.RawFileSystem) *kernel {
 		restored: map[uint64]uint64{}, backing: map[uint64]*backingRef{}}
 }
 
-// state is what the kernel holds now. Callers close the gate first, so
-// that nothing but FORGETs changes it.
-func (k *kernel) state() KernelState {
+// frozen calls f with what the kernel holds now, and FORGETs wait until
+// f returns: f hands the state to a successor, executed in this process,
+// and never returns when that works, so no FORGET is applied here after
+// the state was taken (lost to the successor, whose lookup count would
+// stay above the kernel's: a node, and a removed file's buffer, never
+// freed). Callers close the gate first, so that nothing else changes it.
+func (k *kernel) frozen(f func(KernelState) error) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	st := KernelState{Nodes: make(map[uint64]uint64, len(k.nodes)), Base: k.base}
@@ -89,7 +93,7 @@ func (k *kernel) state() KernelState {
 	for _, h := range k.handles {
 		st.Handles = append(st.Handles, h)
 	}
-	return st
+	return f(st)
 }
 
 // entered counts a reply that gave the kernel a node.

@@ -148,30 +148,19 @@ func (p *parts) upgrade(binary string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h, err := p.srv.Handover(p.tree)
-	if err != nil {
-		return err
-	}
-	state, err := json.Marshal(restartState{Tree: st, Kernel: h.Kernel, Restarts: p.life.restarts + 1})
-	if err != nil {
-		return err
-	}
 	sfd, err := ls.Handover()
 	if err != nil {
 		return err
 	}
 	defer unix.Close(sfd)
+	if _, err := unix.FcntlInt(uintptr(sfd), unix.F_SETFD, 0); err != nil {
+		return fmt.Errorf("keep the store open: %w", err)
+	}
 	mfd, err := unix.MemfdCreate("mrfs-restart-state", 0)
 	if err != nil {
 		return fmt.Errorf("memfd_create: %w", err)
 	}
 	defer unix.Close(mfd)
-	if _, err := unix.Pwrite(mfd, state, 0); err != nil {
-		return fmt.Errorf("write the state: %w", err)
-	}
-	if _, err := unix.FcntlInt(uintptr(sfd), unix.F_SETFD, 0); err != nil {
-		return fmt.Errorf("keep the store open: %w", err)
-	}
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, envState+"=") && !strings.HasPrefix(kv, envStore+"=") {
@@ -179,7 +168,16 @@ func (p *parts) upgrade(binary string, log *slog.Logger) error {
 		}
 	}
 	env = append(env, fmt.Sprintf("%s=%d", envState, mfd), fmt.Sprintf("%s=%d", envStore, sfd))
-	log.Info("upgrading in place", "binary", binary, "buffers", len(st.Nodes), "kernel_nodes", len(h.Kernel.Nodes),
-		"kernel_handles", len(h.Kernel.Handles), "state_bytes", len(state))
-	return fuseconn.Exec(h.Conn, h.Init, binary, os.Args, env)
+	return p.srv.Handover(p.tree, func(h fs.Handover) error {
+		state, err := json.Marshal(restartState{Tree: st, Kernel: h.Kernel, Restarts: p.life.restarts + 1})
+		if err != nil {
+			return err
+		}
+		if _, err := unix.Pwrite(mfd, state, 0); err != nil {
+			return fmt.Errorf("write the state: %w", err)
+		}
+		log.Info("upgrading in place", "binary", binary, "buffers", len(st.Nodes), "kernel_nodes", len(h.Kernel.Nodes),
+			"kernel_handles", len(h.Kernel.Handles), "state_bytes", len(state))
+		return fuseconn.Exec(h.Conn, h.Init, binary, os.Args, env)
+	})
 }

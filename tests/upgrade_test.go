@@ -235,10 +235,11 @@ func TestUpgradeInPlace(t *testing.T) {
 // TestUpgradeRefused: what a new program could not take over refuses the
 // upgrade before anything is handed over, with the reason, and the mount
 // serves on as it was: a removed file still open (the kernel holds a node
-// the namespace no longer has), a pool.
+// the namespace no longer has), a pool; another user's request, even
+// one who may write the mount's root.
 func TestUpgradeRefused(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemonConfig{})
+	d := startDaemon(t, daemonConfig{Mount: "allow_other = true"})
 	keep := d.path("keep")
 	if err := os.WriteFile(keep, []byte("kept"), 0o600); err != nil {
 		t.Fatal(err)
@@ -249,6 +250,16 @@ func TestUpgradeRefused(t *testing.T) {
 	}
 	if err := os.Remove(d.path("gone")); err != nil {
 		t.Fatal(err)
+	}
+	// Only root and the mount's owner may replace its program, whoever
+	// may write the root (default_permissions asks that first).
+	sharedDir(t, d)
+	if err := os.Chmod(d.mnt, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	script := `python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.mrfs.upgrade", b"")' "$1"`
+	if out, err := asUser(65534, script, d.mnt); err == nil || !strings.Contains(out, "Operation not permitted") {
+		t.Errorf("an upgrade asked by another user: %v %s, want EPERM", err, out)
 	}
 	out, err := upgrade(t, d)
 	if err == nil || !strings.Contains(out, "removed file still open") {
