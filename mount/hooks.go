@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"slices"
@@ -111,4 +112,21 @@ func pauseAfterTeardown(sigs <-chan os.Signal, freed buffer.Freed, log *slog.Log
 	}
 	log.Info("paused after teardown; send SIGINT or SIGTERM to go on", append([]any{"hook", pauseEnv}, freedAttrs(freed)...)...)
 	<-sigs
+}
+
+// adoptFailEnv is a test hook: set to 1 in a program an upgrade executes,
+// it fails once it has adopted the store and restored the namespace,
+// before serving the connection, as an adoption the kernel refused would
+// (the program before then takes the mount back: FallBack). It is taken
+// out of the environment, so that program does not fail too.
+const adoptFailEnv = "MRFS_TEST_ADOPT_FAIL"
+
+func testAdoptFail(log *slog.Logger) error {
+	v := os.Getenv(adoptFailEnv)
+	os.Unsetenv(adoptFailEnv)
+	if v != "1" {
+		return nil
+	}
+	log.Warn("test hook: this program fails to adopt the mount", "hook", adoptFailEnv)
+	return errors.New("test hook " + adoptFailEnv + ": the adoption fails")
 }

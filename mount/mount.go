@@ -54,6 +54,8 @@ type parts struct {
 	watch  *deviceWatch
 	srv    *fs.Server
 	life   life
+	// adopted: the store was handed over by an upgrade.
+	adopted bool
 }
 
 // Run mounts, serves until a stop signal or an unmount from outside, and
@@ -120,6 +122,7 @@ func start(opt Options) (_ *parts, err error) {
 	if err != nil {
 		return nil, err
 	}
+	p.adopted = inh != nil
 	if p.prov, err = ChooseProvider(cfg.Verbs, log); err != nil {
 		return nil, err
 	}
@@ -151,6 +154,9 @@ func start(opt Options) (_ *parts, err error) {
 	}
 	if inh != nil {
 		p.life.restarts = inh.state.Restarts
+		if inh.failed != "" {
+			p.life.lastErr = "the upgraded program failed, this one took the mount back: " + inh.failed
+		}
 		p.tree, err = tree.Restore(p.mgr, topt, inh.state.Tree)
 	} else {
 		// The root belongs to whoever mounts (a non-root user's own mount).
@@ -176,8 +182,12 @@ func start(opt Options) (_ *parts, err error) {
 	}
 	mo := fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)}
 	if inh != nil {
+		if err := testAdoptFail(log); err != nil {
+			return nil, err
+		}
 		p.srv, err = fs.Adopt(opt.Dir, fopt, mo, fs.Handover{Conn: inh.conn, Init: inh.init, Kernel: inh.state.Kernel})
 		if err == nil {
+			served()
 			log.Info("upgraded in place: the mount, its buffers and its names are kept; keys are new", "restarts", p.life.restarts)
 		}
 	} else {
@@ -216,7 +226,11 @@ func (p *parts) close() {
 	if p.remote != nil {
 		p.remote.Close()
 	}
-	if p.mgr != nil {
+	if p.mgr != nil && p.adopted {
+		// The store's files are the mount's, which the program before
+		// takes back (FallBack).
+		p.mgr.Leave()
+	} else if p.mgr != nil {
 		p.mgr.Close()
 	}
 	if p.dev != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -276,5 +277,75 @@ func TestUpgradeRefused(t *testing.T) {
 	}
 	if b, err := os.ReadFile(keep); err != nil || string(b) != "kept" {
 		t.Errorf("the mount after refused upgrades: %q %v", b, err)
+	}
+}
+
+// TestUpgradeFallsBack: a new program that fails before it took the mount
+// over gives it back to the program before, executed again in the same
+// process: failing at its configuration (before it took anything), after
+// it adopted the store (its metrics address taken), and after it
+// restored the namespace (a test hook fails the adoption).
+// Each time the old program serves on: same pid, same bytes, the open
+// descriptor works, upgrade_error says why and `mrfs upgrade` fails
+// naming it; then an upgrade to a working program goes through.
+func TestUpgradeFallsBack(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	keep := d.path("keep")
+	if err := os.WriteFile(keep, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.OpenFile(d.path("held"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir := t.TempDir()
+	badMetrics := filepath.Join(dir, "metrics.toml")
+	if err := os.WriteFile(badMetrics, []byte(daemonConfig{Metrics: fmt.Sprintf("listen = %q", busy.Addr())}.toml()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct{ name, env, config, why string }{
+		{"config", "", filepath.Join(dir, "missing.toml"), "missing.toml"},
+		{"metrics", "", badMetrics, "address already in use"},
+		{"adoption", "MRFS_TEST_ADOPT_FAIL=1", d.cfgPath, "the adoption fails"},
+	} {
+		// The new program: mrfs, run with another configuration.
+		prog := filepath.Join(dir, c.name+".sh")
+		script := fmt.Sprintf("#!/bin/sh\n%s exec %s mount --config %s %s\n", c.env, mrfsBin, c.config, d.mnt)
+		if err := os.WriteFile(prog, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out, err := upgrade(t, d, "--binary", prog)
+		if err == nil || !strings.Contains(out, "took the mount back") || !strings.Contains(out, c.why) {
+			t.Fatalf("%s: upgrade to a failing program: %v %s, want it given back, saying %q", c.name, err, out, c.why)
+		}
+		s := readStats(t, d.mnt)
+		if s.PID != d.pid() || s.Restarts != i+1 || !strings.Contains(s.UpgradeError, c.why) {
+			t.Errorf("%s: after the fallback pid %d (want %d), restarts %d (want %d), upgrade_error %q", c.name, s.PID, d.pid(), s.Restarts, i+1, s.UpgradeError)
+		}
+		if b, err := os.ReadFile(keep); err != nil || string(b) != "kept" {
+			t.Errorf("%s: a file after the fallback: %q %v", c.name, b, err)
+		}
+		if _, err := held.WriteAt([]byte(c.name), 0); err != nil {
+			t.Errorf("%s: the descriptor held through the fallback: %v", c.name, err)
+		}
+		if b, err := os.ReadFile(d.path("held")); err != nil || !strings.HasPrefix(string(b), c.name) {
+			t.Errorf("%s: what the held descriptor wrote: %q %v", c.name, b, err)
+		}
+	}
+	if out, err := upgrade(t, d); err != nil {
+		t.Fatalf("an upgrade after fallbacks: %v %s", err, out)
+	}
+	if s := readStats(t, d.mnt); s.Restarts != 4 || s.UpgradeError != "" {
+		t.Errorf("after the upgrade that worked: restarts %d, upgrade_error %q", s.Restarts, s.UpgradeError)
+	}
+	if b, err := os.ReadFile(keep); err != nil || string(b) != "kept" {
+		t.Errorf("a file after the upgrade: %q %v", b, err)
 	}
 }

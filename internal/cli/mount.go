@@ -2,6 +2,7 @@ package cli
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -20,6 +21,15 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	opts := f.String("o", "", "mount `OPTIONS`, comma-separated, as mount(8) takes them: config keys (backend=soft,allow_other,buffers.max_pinned=1GiB) and generic ones; see mrfs(8)")
 	daemon := f.Bool("daemon", false, "go to the background once the mount is ready (exit 0), or exit with the error; the log goes to log.output")
 	f.BoolVar(daemon, "d", false, "short for --daemon")
+	defer func() {
+		// A program an upgrade executed that cannot take the mount over
+		// gives it back to the program before.
+		if err != nil && mount.Restarted() {
+			if ferr := mount.FallBack(err); ferr != nil {
+				err = fmt.Errorf("%w; and the program before could not take the mount back: %w", err, ferr)
+			}
+		}
+	}()
 	pos, err := parse(f, args, 1)
 	if err != nil {
 		return err

@@ -67,6 +67,8 @@ func cmdUpgrade(args []string, stdout io.Writer) error {
 		switch {
 		case err != nil:
 			return fmt.Errorf("upgrade %s: %w", dir, err)
+		case now.Restarts > before.Restarts && now.UpgradeError != "" && now.UpgradeError != before.UpgradeError:
+			return fmt.Errorf("upgrade %s: %s (pid %d serves on, as before the upgrade; keys are new)", dir, now.UpgradeError, now.PID)
 		case now.Restarts > before.Restarts:
 			fmt.Fprintf(stdout, "%s: upgraded in place: pid %d, started %s, %d restarts; names, buffers and open files are kept, keys are new\n",
 				dir, now.PID, now.Started, now.Restarts)
