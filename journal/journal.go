@@ -24,6 +24,7 @@ package journal
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"sync"
 
@@ -38,12 +39,15 @@ import (
 type record struct {
 	Op string `json:"op"`
 	// "state": the whole namespace, missing none of the changes
-	// written before offset Since.
-	State *tree.State `json:"state,omitempty"`
-	Since int64       `json:"since,omitempty"`
+	// written before offset Since, and the backing ids the kernel held
+	// when it was written.
+	State   *tree.State      `json:"state,omitempty"`
+	Since   int64            `json:"since,omitempty"`
+	Backing map[uint64]int32 `json:"backing,omitempty"`
 	// "made": Node. "named": Ino, Parent, Name. "removed", "numbered":
 	// Ino. "meta": Ino, Meta. "access": Ino, Access (a directory's
-	// default). "kept": Kept (a buffer, by its file).
+	// default). "kept": Kept (a buffer, by its file). "backing": Ino,
+	// ID (0: none).
 	Node   *tree.NodeState `json:"node,omitempty"`
 	Ino    uint64          `json:"ino,omitempty"`
 	Parent uint64          `json:"parent,omitempty"`
@@ -51,6 +55,7 @@ type record struct {
 	Meta   *meta           `json:"meta,omitempty"`
 	Access verbs.Access    `json:"access,omitempty"`
 	Kept   *buffer.Kept    `json:"kept,omitempty"`
+	ID     int32           `json:"id,omitempty"`
 }
 
 // meta is tree.Meta with times in nanoseconds since the epoch.
@@ -68,20 +73,23 @@ type meta struct {
 type Journal struct {
 	f *os.File
 
-	mu sync.Mutex // guards: end, err, and the writes to f
+	mu sync.Mutex // guards: end, err, backing, and the writes to f
 	// end is the offset the next record goes to.
 	end int64
 	// err is the first write that failed: the records after it are
 	// lost, and Err says so (the daemon logs it; a restart from this
 	// journal would miss changes).
 	err error
+	// backing is the passthrough backing id the kernel holds of each
+	// node that has one (Backing), for the state records.
+	backing map[uint64]int32
 }
 
 var _ tree.Journal = (*Journal)(nil)
 
 // New is a journal in f, an empty file. Its first Compact writes the
 // state every later record changes: until then Replay finds none.
-func New(f *os.File) *Journal { return &Journal{f: f} }
+func New(f *os.File) *Journal { return &Journal{f: f, backing: map[uint64]int32{}} }
 
 // Err is the first failure to write a record, or nil.
 func (j *Journal) Err() error {
@@ -121,6 +129,12 @@ func (j *Journal) Numbered(ino uint64) { j.put(record{Op: "numbered", Ino: ino})
 // owner changed.
 func (j *Journal) Kept(k buffer.Kept) { j.put(record{Op: "kept", Kept: &k}) }
 
+// Backing: the kernel now holds backing id id for node ino's passthrough
+// opens (0: none). The kernel allows one backing file per inode while
+// any passthrough open of it lives, so a daemon restarted after a crash
+// gives new opens of such a node this id.
+func (j *Journal) Backing(ino uint64, id int32) { j.put(record{Op: "backing", Ino: ino, ID: id}) }
+
 // put writes r; a failure is kept for Err.
 func (j *Journal) put(r record) {
 	if err := j.write(r); err != nil {
@@ -134,6 +148,13 @@ func (j *Journal) put(r record) {
 
 // write appends r as one line, in one write.
 func (j *Journal) write(r record) error {
+	if r.Op == "state" {
+		// The backing records written after this copy come after
+		// Since: Replay applies them again.
+		j.mu.Lock()
+		r.Backing = maps.Clone(j.backing)
+		j.mu.Unlock()
+	}
 	line, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("journal a %s record: %w", r.Op, err)
@@ -143,6 +164,12 @@ func (j *Journal) write(r record) error {
 	defer j.mu.Unlock()
 	if j.err != nil {
 		return j.err
+	}
+	switch {
+	case r.Op == "backing" && r.ID != 0:
+		j.backing[r.Ino] = r.ID
+	case r.Op == "backing":
+		delete(j.backing, r.Ino)
 	}
 	n, err := j.f.WriteAt(line, j.end)
 	j.end += int64(n)

@@ -434,6 +434,33 @@ func TestJournalKeepsNewIno(t *testing.T) {
 	}
 }
 
+// TestJournalBacking: the backing ids the kernel holds come back from
+// the journal as they were last set: across a compaction (in its state
+// record), set while it saves, and cleared after it.
+func TestJournalBacking(t *testing.T) {
+	x := newJournaled(t)
+	x.j.Backing(5, 7)
+	x.j.Backing(6, 9)
+	x.j.Backing(9, 4)
+	err := x.j.Compact(func() (tree.State, error) {
+		x.j.Backing(8, 3)
+		x.j.Backing(9, 0)
+		return x.tr.Checkpoint()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.j.Backing(6, 0)
+	x.j.Backing(10, 2)
+	rec, err := journal.Recover(x.f, x.j.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[uint64]int32{5: 7, 8: 3, 10: 2}; !reflect.DeepEqual(rec.Backing, want) {
+		t.Errorf("backing ids recovered %v, want %v", rec.Backing, want)
+	}
+}
+
 // TestJournalCompactFrees: a journal of a long churn holds the memory
 // of its last state and the records since, not of every change.
 func TestJournalCompactFrees(t *testing.T) {

@@ -19,9 +19,23 @@ import (
 // not make a tree; EOPNOTSUPP while a node that cannot be kept (a pool, a
 // file registered in place) lives.
 func Replay(r io.ReaderAt, size int64) (tree.State, error) {
+	rec, err := Recover(r, size)
+	return rec.Tree, err
+}
+
+// Recovered is what a journal holds.
+type Recovered struct {
+	Tree tree.State
+	// Backing is the backing id the kernel held of each node with
+	// passthrough opens (Journal.Backing).
+	Backing map[uint64]int32
+}
+
+// Recover is Replay, with the backing ids the kernel held.
+func Recover(r io.ReaderAt, size int64) (Recovered, error) {
 	data := make([]byte, size)
 	if n, err := r.ReadAt(data, 0); err != nil && !(err == io.EOF && int64(n) == size) {
-		return tree.State{}, fmt.Errorf("read the journal: %w", err)
+		return Recovered{}, fmt.Errorf("read the journal: %w", err)
 	}
 	lines := split(data)
 	// The last whole state record.
@@ -34,23 +48,27 @@ func Replay(r io.ReaderAt, size int64) (tree.State, error) {
 		}
 	}
 	if at < 0 {
-		return tree.State{}, fmt.Errorf("the journal holds no state: %w", syscall.EINVAL)
+		return Recovered{}, fmt.Errorf("the journal holds no state: %w", syscall.EINVAL)
 	}
 	m := newModel(*st.State)
+	for ino, id := range st.Backing {
+		m.backing[ino] = id
+	}
 	for i, l := range lines {
 		if l.off < st.Since || i == at {
 			continue // older than the state, or the state itself
 		}
 		var r record
 		if err := json.Unmarshal(l.text, &r); err != nil {
-			return tree.State{}, fmt.Errorf("journal record at %d: %v: %w", l.off, err, syscall.EINVAL)
+			return Recovered{}, fmt.Errorf("journal record at %d: %v: %w", l.off, err, syscall.EINVAL)
 		}
 		if r.Op == "state" {
 			continue // an older state, made useless by the last
 		}
 		m.apply(r)
 	}
-	return m.state()
+	t, err := m.state()
+	return Recovered{Tree: t, Backing: m.backing}, err
 }
 
 // line is a whole line of the journal and where it starts.
@@ -89,10 +107,12 @@ type model struct {
 	// files: the inode of each buffer's file id, so that a kept record
 	// finds its node.
 	files map[uint64]uint64
+	// backing: the kernel's backing id of each node with one.
+	backing map[uint64]int32
 }
 
 func newModel(st tree.State) *model {
-	m := &model{nodes: map[uint64]*tree.NodeState{}, lastIno: st.LastIno, files: map[uint64]uint64{}}
+	m := &model{nodes: map[uint64]*tree.NodeState{}, lastIno: st.LastIno, files: map[uint64]uint64{}, backing: map[uint64]int32{}}
 	for _, ns := range st.Nodes {
 		m.made(ns)
 	}
@@ -147,6 +167,12 @@ func (m *model) apply(r record) {
 		}
 	case "numbered":
 		m.lastIno = max(m.lastIno, r.Ino)
+	case "backing":
+		if r.ID != 0 {
+			m.backing[r.Ino] = r.ID
+		} else {
+			delete(m.backing, r.Ino)
+		}
 	case "kept":
 		if r.Kept == nil {
 			return
