@@ -119,6 +119,31 @@ func Resend(fd int) error {
 	return nil
 }
 
+// notifyInvalInode is fuse_notify_code's FUSE_NOTIFY_INVAL_INODE.
+const notifyInvalInode = 2
+
+// Held says whether the kernel holds node id nodeid of the connection fd
+// (it looked it up and has not forgotten it): the kernel answers an
+// invalidation of its attributes with ENOENT when it does not. A server
+// that adopts a connection whose last server died uses it to learn which
+// nodes it must answer for. The node's cached attributes are dropped.
+func Held(fd int, nodeid uint64) (bool, error) {
+	var msg struct {
+		h fuse.OutHeader
+		n fuse.NotifyInvalInodeOut
+	}
+	msg.h = fuse.OutHeader{Length: uint32(unsafe.Sizeof(msg)), Status: notifyInvalInode}
+	msg.n = fuse.NotifyInvalInodeOut{Ino: nodeid, Off: -1}
+	_, err := unix.Write(fd, unsafe.Slice((*byte)(unsafe.Pointer(&msg)), unsafe.Sizeof(msg)))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.ENOENT):
+		return false, nil
+	}
+	return false, fmt.Errorf("FUSE_NOTIFY_INVAL_INODE of node %d: %w", nodeid, err)
+}
+
 // The environment that hands a connection to the program a server
 // executes in its place (Exec, Inherited): the descriptor numbers of the
 // connection and of a memfd holding its INIT.
@@ -127,6 +152,27 @@ const (
 	envInit = "MRFS_FUSE_INIT_FD"
 )
 
+// InitFile is a memfd holding init (close on exec), as a later server
+// of the connection takes its INIT (Env).
+func InitFile(init []byte) (int, error) {
+	mfd, err := unix.MemfdCreate("mrfs-fuse-init", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("memfd_create: %w", err)
+	}
+	if _, err := unix.Pwrite(mfd, init, 0); err != nil {
+		unix.Close(mfd)
+		return -1, fmt.Errorf("write the INIT: %w", err)
+	}
+	return mfd, nil
+}
+
+// Env is the environment that hands a program the connection fd and the
+// memfd of its INIT initFd (InitFile), at those numbers in it: Inherited
+// takes them.
+func Env(fd, initFd int) []string {
+	return []string{fmt.Sprintf("%s=%d", envFd, fd), fmt.Sprintf("%s=%d", envInit, initFd)}
+}
+
 // Exec replaces the calling process by path (a new binary: an upgrade)
 // with the connection fd kept open: the process keeps its pid, and the
 // connection never has fewer than one descriptor. init is the INIT that
@@ -134,18 +180,18 @@ const (
 // with it; the new program asks for them again (Resend). Exec returns
 // only on failure, with the descriptors as they were.
 func Exec(fd int, init []byte, path string, argv, env []string) error {
-	mfd, err := unix.MemfdCreate("mrfs-fuse-init", 0)
+	mfd, err := InitFile(init)
 	if err != nil {
-		return fmt.Errorf("hand the FUSE connection over: memfd_create: %w", err)
+		return fmt.Errorf("hand the FUSE connection over: %w", err)
 	}
 	defer unix.Close(mfd)
-	if _, err := unix.Pwrite(mfd, init, 0); err != nil {
-		return fmt.Errorf("hand the FUSE connection over: write the INIT: %w", err)
+	if _, err := unix.FcntlInt(uintptr(mfd), unix.F_SETFD, 0); err != nil {
+		return fmt.Errorf("hand the FUSE connection over: keep its INIT open: %w", err)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
 		return fmt.Errorf("hand the FUSE connection over: keep fd %d open: %w", fd, err)
 	}
-	env = append(env, fmt.Sprintf("%s=%d", envFd, fd), fmt.Sprintf("%s=%d", envInit, mfd))
+	env = append(env, Env(fd, mfd)...)
 	err = unix.Exec(path, argv, env)
 	unix.CloseOnExec(fd)
 	return fmt.Errorf("hand the FUSE connection over: exec %s: %w", path, err)

@@ -310,6 +310,28 @@ func TestExecInPlace(t *testing.T) {
 	wantWho(t, "read through the new program", mnt, a.Process.Pid, 2)
 }
 
+// TestHeld: the kernel says which node ids it holds: none it never
+// looked up, one a client has open.
+func TestHeld(t *testing.T) {
+	dir, mnt, fd, _ := mount(t)
+	start(t, fd, dir, false)
+	waitFor(t, filepath.Join(dir, "init"))
+	if held, err := Held(fd, 2); err != nil || held {
+		t.Errorf("node 2 before any lookup: held %v, %v", held, err)
+	}
+	f, err := os.Open(filepath.Join(mnt, "who"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if held, err := Held(fd, 2); err != nil || !held {
+		t.Errorf("node 2, open: held %v, %v", held, err)
+	}
+	if held, err := Held(fd, 3); err != nil || held {
+		t.Errorf("node 3, never looked up: held %v, %v", held, err)
+	}
+}
+
 // A saved INIT too short to be one is refused before anything is served.
 func TestAdoptShortInit(t *testing.T) {
 	fd, err := unix.Open("/dev/null", unix.O_RDWR, 0)
