@@ -22,6 +22,15 @@ type Handover struct {
 	Conn   int
 	Init   []byte
 	Kernel KernelState
+	// Restarts counts the daemons the mount had before this one: new
+	// handles are numbered above every earlier daemon's.
+	Restarts int
+	// Crashed: the daemon before died and Kernel is empty; Backing is
+	// the journal's backing ids (journal.Recover).
+	Crashed bool
+	Backing map[uint64]int32
+	// Done are the requests the dead daemon applied (journal.Recover).
+	Done map[uint64]bool
 }
 
 // Pause holds new requests (they wait, unanswered) and waits up to
@@ -51,6 +60,13 @@ func (s *Server) Handover(t *tree.Tree, then func(Handover) error) error {
 		}
 		return then(Handover{Conn: s.conn, Init: s.init, Kernel: k})
 	})
+}
+
+// Connection is the daemon's descriptor of the FUSE connection and the
+// kernel's INIT, for a keeper that outlives the daemon (DESIGN,
+// Restart); ok is false for a connection fusermount made.
+func (s *Server) Connection() (fd int, init []byte, ok bool) {
+	return s.conn, s.init, s.conn >= 0
 }
 
 // treeInos is the set of t's inode numbers.
@@ -105,7 +121,14 @@ func Adopt(dir string, opt Options, mo MountOptions, h Handover) (*Server, error
 		return fail(err)
 	}
 	k.unregister = s.srv.UnregisterBackingFd
-	if err := k.restore(raw, opt.Tree, h.Kernel); err != nil {
+	k.onBacking, k.onDone, k.done = opt.OnBacking, opt.OnDone, h.Done
+	restore := func() error { return k.restore(raw, opt.Tree, h.Kernel) }
+	if h.Crashed {
+		restore = func() error { return k.restoreCrashed(raw, opt.Tree, s.conn, h.Backing) }
+	}
+	// New handles are numbered above every one an earlier daemon gave.
+	k.base = max(h.Kernel.Base+1<<32, uint64(h.Restarts)<<40)
+	if err := restore(); err != nil {
 		s.closeConn()
 		return fail(err)
 	}
@@ -116,12 +139,18 @@ func Adopt(dir string, opt Options, mo MountOptions, h Handover) (*Server, error
 	return s.started(fsys, opt)
 }
 
+// rootCaller is the caller of the requests a restore makes itself.
+func rootCaller() fuse.Caller {
+	return fuse.Caller{Owner: fuse.Owner{Uid: 0, Gid: 0}, Pid: uint32(os.Getpid())}
+}
+
 // restore makes go-fuse (raw, not yet serving) hold what the kernel holds
 // (st) of t: each node looked up as many times as the kernel counts, its
 // directory first (one not held is looked up for the while and forgotten
-// after), and each handle opened again under the kernel's number.
+// after), a file's buffer held, and each handle opened again under the
+// kernel's number.
 func (k *kernel) restore(raw fuse.RawFileSystem, t *tree.Tree, st KernelState) error {
-	caller := fuse.Caller{Owner: fuse.Owner{Uid: 0, Gid: 0}, Pid: uint32(os.Getpid())}
+	caller := rootCaller()
 	held := map[uint64]bool{fuse.FUSE_ROOT_ID: true}
 	var temp []uint64 // looked up only to reach what they hold
 	lookup := func(parent *tree.Dir, name string, ino uint64, n uint64) error {
@@ -207,7 +236,61 @@ func (k *kernel) restore(raw fuse.RawFileSystem, t *tree.Tree, st KernelState) e
 	for _, ino := range temp {
 		raw.Forget(ino, 1)
 	}
-	// New handles are numbered above every one the kernel holds.
-	k.base = st.Base + 1<<32
+	// A file the kernel holds may be mapped, its descriptors closed: its
+	// buffer is held as a zero-copy open holds it, until the FORGET.
+	walk(t.Root(), func(n tree.Node, parent *tree.Dir, name string) {
+		if _, file := n.(*tree.File); !file || st.Nodes[n.Ino()] == 0 {
+			return
+		}
+		if c := parent.Aux().(*dirNode).GetChild(name); c != nil {
+			if b, ok := c.Operations().(*bufferNode); ok {
+				b.holdInode()
+			}
+		}
+	})
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for node, b := range k.backing {
+		k.noteBacking(node, b.id) // to this daemon's journal
+	}
+	return nil
+}
+
+// restoreCrashed makes go-fuse hold what the kernel holds of t after its
+// daemon died: each node the kernel says it holds (fuseconn.Held) is
+// looked up once (restore), and the journal's backing id of such a node
+// (backing) is kept for new opens while the handles from before may use
+// it; the others are given back.
+func (k *kernel) restoreCrashed(raw fuse.RawFileSystem, t *tree.Tree, conn int, backing map[uint64]int32) error {
+	held := map[uint64]uint64{}
+	var err error
+	walk(t.Root(), func(n tree.Node, _ *tree.Dir, _ string) {
+		if err == nil {
+			var h bool
+			if h, err = fuseconn.Held(conn, n.Ino()); h {
+				held[n.Ino()] = 1
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if err := k.restore(raw, t, KernelState{Nodes: held}); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for node, id := range backing {
+		if held[node] != 0 {
+			k.backing[node] = &backingRef{id: id, refs: 1, pre: true}
+			k.noteBacking(node, id)
+		} else if k.unregister != nil {
+			// A node no one can open again (removed, or forgotten):
+			// its open files keep their backing file; the id would
+			// keep it after them.
+			k.unregister(id)
+		}
+	}
+	k.crashed = true
 	return nil
 }

@@ -43,6 +43,14 @@ type Options struct {
 	// Life is the daemon's start, the restarts the mount survived and
 	// the last upgrade's failure, for stats. nil: unknown.
 	Life func() Life
+	// OnBacking is told each change of the backing id the kernel holds
+	// for a node's passthrough opens (0: none): the journal's, which a
+	// daemon restarted after a crash needs. nil: none.
+	OnBacking func(node uint64, id int32)
+	// OnDone is told, before its reply, each request that changed the
+	// namespace (its FUSE unique): the journal's, whose resend after a
+	// crash is answered, not applied again. nil: none.
+	OnDone func(unique uint64)
 }
 
 // Life is what stats say of the daemon's life.

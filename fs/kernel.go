@@ -24,6 +24,16 @@ import (
 // the one of the inode's passthrough files already open (EBUSY), so new
 // opens of an inode opened before the restart get its old backing id,
 // until the last of them is released (backing).
+//
+// After a crash (crashed) nothing says what the kernel holds but the
+// kernel: the nodes it holds are learned from it (fuseconn.Held) and
+// looked up once, so their counts are unknown; a FORGET, which the
+// kernel sends when it drops a node whole, forgets all go-fuse has. A
+// request for a node no one could look up again (a file removed and
+// still open) is ESTALE. A handle the dead daemon gave is opened again
+// at its first read or write (a close of one is answered at once), and
+// the backing ids come from the journal (onBacking), held for the
+// handles from before until the node is forgotten.
 type kernel struct {
 	fuse.RawFileSystem
 
@@ -33,6 +43,17 @@ type kernel struct {
 	base uint64
 	// unregister gives a backing id back to the kernel (the server's).
 	unregister func(id int32) syscall.Errno
+	// onBacking journals each change of a node's backing id (0: none);
+	// nil: none. Set before serving.
+	onBacking func(node uint64, id int32)
+	// crashed: the kernel's view was not handed over (set before
+	// serving).
+	crashed bool
+	// onDone journals a request that changed the namespace, before its
+	// reply; done are those the dead daemon journaled (set before
+	// serving, read only): their resends are answered, not applied.
+	onDone func(unique uint64)
+	done   map[uint64]bool
 
 	mu sync.Mutex // guards: nodes, handles, restored, backing
 	// nodes are the kernel's lookup counts, by node id.
@@ -42,14 +63,20 @@ type kernel struct {
 	// restored maps the number of an open made before the restart to
 	// go-fuse's.
 	restored map[uint64]uint64
-	// backing is, by node id, the backing id that opens made before the
-	// restart were given, while any open uses it.
+	// backing is, by node id, the backing id the kernel's passthrough
+	// opens of it were given, while any uses it.
 	backing map[uint64]*backingRef
 }
 
 type backingRef struct {
 	id   int32
-	refs int
+	refs int // the kernel's handles that use it (pre counts one)
+	// own: go-fuse's registration, which go-fuse gives back; else one
+	// from before the restart, which the kernel wrapper gives back.
+	own bool
+	// pre: the handles from before a crash, unknown, count as one
+	// until the node is forgotten.
+	pre bool
 }
 
 // KernelHandle is a handle the kernel holds.
@@ -115,14 +142,47 @@ func (k *kernel) opened(st fuse.Status, node uint64, flags uint32, dir bool, out
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	out.Fh += k.base
-	if b := k.backing[node]; b != nil && out.BackingID != 0 {
+	if out.BackingID != 0 {
+		b := k.backing[node]
+		// go-fuse registers anew once its last open of the node is
+		// released, which may be before that release reaches released
+		// here: its new id is the one (the old one's handles, being
+		// released, no longer count on this entry).
+		if b == nil || (b.own && b.id != out.BackingID) {
+			b = &backingRef{id: out.BackingID, own: true}
+			k.backing[node] = b
+			k.noteBacking(node, b.id)
+		}
 		out.BackingID = b.id
 		b.refs++
 	}
 	k.handles[out.Fh] = KernelHandle{Fh: out.Fh, Node: node, Flags: flags, Dir: dir, Backing: out.BackingID}
 }
 
-// fh is go-fuse's number of the kernel's handle fh.
+// noteBacking journals node's backing id. Callers hold mu, which orders
+// the records as the changes.
+func (k *kernel) noteBacking(node uint64, id int32) {
+	if k.onBacking != nil {
+		k.onBacking(node, id)
+	}
+}
+
+// unback drops a use of node's backing id b; the last gives it back
+// (one not go-fuse's, after the unlock: drop). Callers hold mu.
+func (k *kernel) unback(node uint64, b *backingRef) (drop int32) {
+	if b.refs--; b.refs > 0 {
+		return 0
+	}
+	delete(k.backing, node)
+	k.noteBacking(node, 0)
+	if b.own {
+		return 0
+	}
+	return b.id
+}
+
+// fh is go-fuse's number of the kernel's handle fh; after a crash, 0 for
+// one the dead daemon gave that is not opened again (stale).
 func (k *kernel) fh(fh uint64) uint64 {
 	if k.base == 0 || fh == 0 {
 		return fh
@@ -132,7 +192,81 @@ func (k *kernel) fh(fh uint64) uint64 {
 	if b, ok := k.restored[fh]; ok {
 		return b
 	}
+	if fh < k.base {
+		return 0 // a crashed daemon's
+	}
 	return fh - k.base
+}
+
+// fhOpen is fh, a handle the dead daemon gave opened again first (with
+// the open's flags, never to truncate or create): EBADF when it cannot be.
+func (k *kernel) fhOpen(fh, node uint64, flags uint32, dir bool) (uint64, fuse.Status) {
+	if g := k.fh(fh); g != 0 || fh == 0 {
+		return g, fuse.OK
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if g, ok := k.restored[fh]; ok {
+		return g, fuse.OK // opened by a request racing this one
+	}
+	in := &fuse.OpenIn{InHeader: fuse.InHeader{NodeId: node, Caller: rootCaller()},
+		Flags: flags &^ (syscall.O_TRUNC | syscall.O_CREAT | syscall.O_EXCL)}
+	var out fuse.OpenOut
+	var st fuse.Status
+	if dir {
+		st = k.RawFileSystem.OpenDir(nil, in, &out)
+	} else {
+		st = k.RawFileSystem.Open(nil, in, &out)
+	}
+	if !st.Ok() {
+		return 0, fuse.EBADF
+	}
+	k.restored[fh] = out.Fh
+	k.handles[fh] = KernelHandle{Fh: fh, Node: node, Flags: in.Flags, Dir: dir}
+	return out.Fh, fuse.OK
+}
+
+// resendBit marks a request the kernel queues again (FUSE_NOTIFY_RESEND).
+const resendBit = 1 << 63
+
+// applied says whether h is a request the dead daemon applied and the
+// kernel sends again: it is answered from the namespace, never applied
+// twice (a create again would be EEXIST, an unlink ENOENT).
+func (k *kernel) applied(h *fuse.InHeader) bool {
+	return k.crashed && h.Unique&resendBit != 0 && k.done[h.Unique&^resendBit]
+}
+
+// finished journals that h changed the namespace (st OK), before its
+// reply goes.
+func (k *kernel) finished(st fuse.Status, h *fuse.InHeader) fuse.Status {
+	if st.Ok() && k.onDone != nil {
+		k.onDone(h.Unique &^ resendBit)
+	}
+	return st
+}
+
+// answer is the entry reply of a request applied before a crash: a
+// lookup of what it made.
+func (k *kernel) answer(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	st := k.RawFileSystem.Lookup(cancel, h, name, out)
+	k.entered(st, out)
+	return st
+}
+
+// known says whether go-fuse knows the node ids the kernel names: after
+// a crash, not one the kernel held that no one could look up again.
+func (k *kernel) known(ids ...uint64) fuse.Status {
+	if !k.crashed {
+		return fuse.OK
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, id := range ids {
+		if id != fuse.FUSE_ROOT_ID && k.nodes[id] == 0 {
+			return fuse.Status(syscall.ESTALE)
+		}
+	}
+	return fuse.OK
 }
 
 // released forgets the kernel's handle fh; the last open of an inode
@@ -144,10 +278,7 @@ func (k *kernel) released(fh uint64) {
 	delete(k.restored, fh)
 	var drop int32
 	if b := k.backing[h.Node]; ok && b != nil && h.Backing == b.id {
-		if b.refs--; b.refs == 0 {
-			delete(k.backing, h.Node)
-			drop = b.id
-		}
+		drop = k.unback(h.Node, b)
 	}
 	k.mu.Unlock()
 	if drop != 0 && k.unregister != nil {
@@ -157,6 +288,9 @@ func (k *kernel) released(fh uint64) {
 
 func (k *kernel) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(header.NodeId); !st.Ok() {
+		return st
+	}
 	st := k.RawFileSystem.Lookup(cancel, header, name, out)
 	k.entered(st, out)
 	return st
@@ -166,114 +300,226 @@ func (k *kernel) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name stri
 // forget is never asked again).
 func (k *kernel) Forget(nodeid, nlookup uint64) {
 	k.mu.Lock()
-	if n := k.nodes[nodeid]; nlookup >= n {
+	n := k.nodes[nodeid]
+	var drop int32
+	if k.crashed {
+		// The kernel counts lookups from before the crash too, and
+		// drops a node whole: go-fuse's count is all there is to forget.
+		nlookup = min(nlookup, n)
+		if b := k.backing[nodeid]; b != nil && b.pre && nlookup == n {
+			b.pre = false
+			drop = k.unback(nodeid, b)
+		}
+	}
+	if nlookup >= n {
 		delete(k.nodes, nodeid)
 	} else {
 		k.nodes[nodeid] = n - nlookup
 	}
 	k.mu.Unlock()
-	k.RawFileSystem.Forget(nodeid, nlookup)
+	if drop != 0 && k.unregister != nil {
+		k.unregister(drop)
+	}
+	if nlookup > 0 {
+		k.RawFileSystem.Forget(nodeid, nlookup)
+	}
 }
 
 func (k *kernel) GetAttr(cancel <-chan struct{}, input *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	if input.Flags_&fuse.FUSE_GETATTR_FH != 0 {
-		input.Fh_ = k.fh(input.Fh_)
+		if input.Fh_ = k.fh(input.Fh_); input.Fh_ == 0 {
+			input.Flags_ &^= fuse.FUSE_GETATTR_FH // a crashed daemon's
+		}
 	}
 	return k.RawFileSystem.GetAttr(cancel, input, out)
 }
 
 func (k *kernel) SetAttr(cancel <-chan struct{}, input *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	if input.Valid&fuse.FATTR_FH != 0 {
-		input.Fh = k.fh(input.Fh)
+		if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+			input.Valid &^= fuse.FATTR_FH // a crashed daemon's
+		}
 	}
 	return k.RawFileSystem.SetAttr(cancel, input, out)
 }
 
 func (k *kernel) Mknod(cancel <-chan struct{}, input *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if k.applied(&input.InHeader) {
+		return k.answer(cancel, &input.InHeader, name, out)
+	}
 	st := k.RawFileSystem.Mknod(cancel, input, name, out)
 	k.entered(st, out)
-	return st
+	return k.finished(st, &input.InHeader)
 }
 
 func (k *kernel) Mkdir(cancel <-chan struct{}, input *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if k.applied(&input.InHeader) {
+		return k.answer(cancel, &input.InHeader, name, out)
+	}
 	st := k.RawFileSystem.Mkdir(cancel, input, name, out)
 	k.entered(st, out)
-	return st
+	return k.finished(st, &input.InHeader)
 }
 
 func (k *kernel) Unlink(cancel <-chan struct{}, header *fuse.InHeader, name string) fuse.Status {
 	defer k.gate.enter()()
-	return k.RawFileSystem.Unlink(cancel, header, name)
+	if st := k.known(header.NodeId); !st.Ok() {
+		return st
+	}
+	if k.applied(header) {
+		return fuse.OK
+	}
+	return k.finished(k.RawFileSystem.Unlink(cancel, header, name), header)
 }
 
 func (k *kernel) Rmdir(cancel <-chan struct{}, header *fuse.InHeader, name string) fuse.Status {
 	defer k.gate.enter()()
-	return k.RawFileSystem.Rmdir(cancel, header, name)
+	if st := k.known(header.NodeId); !st.Ok() {
+		return st
+	}
+	if k.applied(header) {
+		return fuse.OK
+	}
+	return k.finished(k.RawFileSystem.Rmdir(cancel, header, name), header)
 }
 
 func (k *kernel) Rename(cancel <-chan struct{}, input *fuse.RenameIn, oldName string, newName string) fuse.Status {
 	defer k.gate.enter()()
-	return k.RawFileSystem.Rename(cancel, input, oldName, newName)
+	if st := k.known(input.NodeId, input.Newdir); !st.Ok() {
+		return st
+	}
+	if k.applied(&input.InHeader) {
+		return fuse.OK
+	}
+	return k.finished(k.RawFileSystem.Rename(cancel, input, oldName, newName), &input.InHeader)
 }
 
 func (k *kernel) Link(cancel <-chan struct{}, input *fuse.LinkIn, filename string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId, input.Oldnodeid); !st.Ok() {
+		return st
+	}
+	if k.applied(&input.InHeader) {
+		return k.answer(cancel, &input.InHeader, filename, out)
+	}
 	st := k.RawFileSystem.Link(cancel, input, filename, out)
 	k.entered(st, out)
-	return st
+	return k.finished(st, &input.InHeader)
 }
 
 func (k *kernel) Symlink(cancel <-chan struct{}, header *fuse.InHeader, pointedTo string, linkName string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(header.NodeId); !st.Ok() {
+		return st
+	}
+	if k.applied(header) {
+		return k.answer(cancel, header, linkName, out)
+	}
 	st := k.RawFileSystem.Symlink(cancel, header, pointedTo, linkName, out)
 	k.entered(st, out)
-	return st
+	return k.finished(st, header)
 }
 
 func (k *kernel) Readlink(cancel <-chan struct{}, header *fuse.InHeader) ([]byte, fuse.Status) {
 	defer k.gate.enter()()
+	if st := k.known(header.NodeId); !st.Ok() {
+		return nil, st
+	}
 	return k.RawFileSystem.Readlink(cancel, header)
 }
 
 func (k *kernel) Access(cancel <-chan struct{}, input *fuse.AccessIn) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	return k.RawFileSystem.Access(cancel, input)
 }
 
 func (k *kernel) GetXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
 	defer k.gate.enter()()
+	if st := k.known(header.NodeId); !st.Ok() {
+		return 0, st
+	}
 	return k.RawFileSystem.GetXAttr(cancel, header, attr, dest)
 }
 
 func (k *kernel) ListXAttr(cancel <-chan struct{}, header *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
 	defer k.gate.enter()()
+	if st := k.known(header.NodeId); !st.Ok() {
+		return 0, st
+	}
 	return k.RawFileSystem.ListXAttr(cancel, header, dest)
 }
 
 func (k *kernel) SetXAttr(cancel <-chan struct{}, input *fuse.SetXAttrIn, attr string, data []byte) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	return k.RawFileSystem.SetXAttr(cancel, input, attr, data)
 }
 
 func (k *kernel) RemoveXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(header.NodeId); !st.Ok() {
+		return st
+	}
 	return k.RawFileSystem.RemoveXAttr(cancel, header, attr)
 }
 
 func (k *kernel) Create(cancel <-chan struct{}, input *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if k.applied(&input.InHeader) {
+		return k.answerCreate(cancel, input, name, out)
+	}
 	st := k.RawFileSystem.Create(cancel, input, name, out)
 	k.entered(st, &out.EntryOut)
 	k.opened(st, out.NodeId, input.Flags, false, &out.OpenOut)
+	return k.finished(st, &input.InHeader)
+}
+
+// answerCreate answers a create applied before a crash: the file is
+// looked up and opened (never to truncate).
+func (k *kernel) answerCreate(cancel <-chan struct{}, input *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	if st := k.answer(cancel, &input.InHeader, name, &out.EntryOut); !st.Ok() {
+		return st
+	}
+	in := &fuse.OpenIn{InHeader: input.InHeader, Flags: input.Flags &^ (syscall.O_TRUNC | syscall.O_CREAT | syscall.O_EXCL)}
+	in.NodeId = out.NodeId
+	st := k.RawFileSystem.Open(cancel, in, &out.OpenOut)
+	if !st.Ok() {
+		k.Forget(out.NodeId, 1) // the kernel does not count a failed create's entry
+		return st
+	}
+	k.opened(st, out.NodeId, in.Flags, false, &out.OpenOut)
 	return st
 }
 
 func (k *kernel) Tmpfile(cancel <-chan struct{}, input *fuse.CreateIn, out *fuse.CreateOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	st := k.RawFileSystem.Tmpfile(cancel, input, out)
 	k.entered(st, &out.EntryOut)
 	k.opened(st, out.NodeId, input.Flags, false, &out.OpenOut)
@@ -282,6 +528,9 @@ func (k *kernel) Tmpfile(cancel <-chan struct{}, input *fuse.CreateIn, out *fuse
 
 func (k *kernel) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	st := k.RawFileSystem.Open(cancel, input, out)
 	k.opened(st, input.NodeId, input.Flags, false, out)
 	return st
@@ -289,86 +538,153 @@ func (k *kernel) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.Open
 
 func (k *kernel) Read(cancel <-chan struct{}, input *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return nil, st
+	}
+	var st fuse.Status
+	if input.Fh, st = k.fhOpen(input.Fh, input.NodeId, input.Flags, false); !st.Ok() {
+		return nil, st
+	}
 	return k.RawFileSystem.Read(cancel, input, buf)
 }
 
 func (k *kernel) Lseek(cancel <-chan struct{}, in *fuse.LseekIn, out *fuse.LseekOut) fuse.Status {
 	defer k.gate.enter()()
-	in.Fh = k.fh(in.Fh)
+	if st := k.known(in.NodeId); !st.Ok() {
+		return st
+	}
+	if in.Fh = k.fh(in.Fh); in.Fh == 0 {
+		return fuse.EBADF
+	}
 	return k.RawFileSystem.Lseek(cancel, in, out)
 }
 
 func (k *kernel) GetLk(cancel <-chan struct{}, input *fuse.LkIn, out *fuse.LkOut) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.EBADF
+	}
 	return k.RawFileSystem.GetLk(cancel, input, out)
 }
 
 func (k *kernel) SetLk(cancel <-chan struct{}, input *fuse.LkIn) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.EBADF
+	}
 	return k.RawFileSystem.SetLk(cancel, input)
 }
 
 func (k *kernel) SetLkw(cancel <-chan struct{}, input *fuse.LkIn) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.EBADF
+	}
 	return k.RawFileSystem.SetLkw(cancel, input)
 }
 
 func (k *kernel) Release(cancel <-chan struct{}, input *fuse.ReleaseIn) {
 	defer k.gate.enter()()
 	fh := input.Fh
-	input.Fh = k.fh(fh)
-	k.RawFileSystem.Release(cancel, input)
+	if input.Fh = k.fh(fh); input.Fh != 0 || fh == 0 {
+		k.RawFileSystem.Release(cancel, input)
+	}
 	k.released(fh)
 }
 
 func (k *kernel) Write(cancel <-chan struct{}, input *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return 0, st
+	}
+	var st fuse.Status
+	if input.Fh, st = k.fhOpen(input.Fh, input.NodeId, input.Flags, false); !st.Ok() {
+		return 0, st
+	}
 	return k.RawFileSystem.Write(cancel, input, data)
 }
 
 func (k *kernel) Writev(cancel <-chan struct{}, input *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return 0, st
+	}
+	var st fuse.Status
+	if input.Fh, st = k.fhOpen(input.Fh, input.NodeId, input.Flags, false); !st.Ok() {
+		return 0, st
+	}
 	return k.RawFileSystem.Writev(cancel, input, data)
 }
 
 func (k *kernel) CopyFileRange(cancel <-chan struct{}, input *fuse.CopyFileRangeIn) (uint32, fuse.Status) {
 	defer k.gate.enter()()
-	input.FhIn, input.FhOut = k.fh(input.FhIn), k.fh(input.FhOut)
+	if st := k.known(input.NodeId, input.NodeIdOut); !st.Ok() {
+		return 0, st
+	}
+	if input.FhIn, input.FhOut = k.fh(input.FhIn), k.fh(input.FhOut); input.FhIn == 0 || input.FhOut == 0 {
+		return 0, fuse.EBADF
+	}
 	return k.RawFileSystem.CopyFileRange(cancel, input)
 }
 
 func (k *kernel) Ioctl(cancel <-chan struct{}, input *fuse.IoctlIn, inbuf []byte, output *fuse.IoctlOut, outbuf []byte) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.EBADF
+	}
 	return k.RawFileSystem.Ioctl(cancel, input, inbuf, output, outbuf)
 }
 
 func (k *kernel) Flush(cancel <-chan struct{}, input *fuse.FlushIn) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.OK // a crashed daemon's: nothing to do
+	}
 	return k.RawFileSystem.Flush(cancel, input)
 }
 
 func (k *kernel) Fsync(cancel <-chan struct{}, input *fuse.FsyncIn) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.OK // a crashed daemon's: nothing to do
+	}
 	return k.RawFileSystem.Fsync(cancel, input)
 }
 
 func (k *kernel) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.EBADF
+	}
 	return k.RawFileSystem.Fallocate(cancel, input)
 }
 
 func (k *kernel) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	st := k.RawFileSystem.OpenDir(cancel, input, out)
 	k.opened(st, input.NodeId, input.Flags, true, out)
 	return st
@@ -376,14 +692,26 @@ func (k *kernel) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.O
 
 func (k *kernel) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	var st fuse.Status
+	if input.Fh, st = k.fhOpen(input.Fh, input.NodeId, input.Flags, true); !st.Ok() {
+		return st
+	}
 	return k.RawFileSystem.ReadDir(cancel, input, out)
 }
 
 func (k *kernel) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
-	st := k.RawFileSystem.ReadDirPlus(cancel, input, out)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	var st fuse.Status
+	if input.Fh, st = k.fhOpen(input.Fh, input.NodeId, input.Flags, true); !st.Ok() {
+		return st
+	}
+	st = k.RawFileSystem.ReadDirPlus(cancel, input, out)
 	if st.Ok() {
 		// Each entry with a node id is a lookup the kernel counts.
 		if _, outs, err := fuse.ParseDirLookupEntries(out.Bytes()); err == nil {
@@ -398,26 +726,40 @@ func (k *kernel) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fu
 func (k *kernel) ReleaseDir(input *fuse.ReleaseIn) {
 	defer k.gate.enter()()
 	fh := input.Fh
-	input.Fh = k.fh(fh)
-	k.RawFileSystem.ReleaseDir(input)
+	if input.Fh = k.fh(fh); input.Fh != 0 || fh == 0 {
+		k.RawFileSystem.ReleaseDir(input)
+	}
 	k.released(fh)
 }
 
 func (k *kernel) FsyncDir(cancel <-chan struct{}, input *fuse.FsyncIn) fuse.Status {
 	defer k.gate.enter()()
-	input.Fh = k.fh(input.Fh)
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
+	if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+		return fuse.OK // a crashed daemon's: nothing to do
+	}
 	return k.RawFileSystem.FsyncDir(cancel, input)
 }
 
 func (k *kernel) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	return k.RawFileSystem.StatFs(cancel, input, out)
 }
 
 func (k *kernel) Statx(cancel <-chan struct{}, input *fuse.StatxIn, out *fuse.StatxOut) fuse.Status {
 	defer k.gate.enter()()
+	if st := k.known(input.NodeId); !st.Ok() {
+		return st
+	}
 	if input.GetattrFlags&fuse.FUSE_GETATTR_FH != 0 {
-		input.Fh = k.fh(input.Fh)
+		if input.Fh = k.fh(input.Fh); input.Fh == 0 {
+			input.GetattrFlags &^= fuse.FUSE_GETATTR_FH // a crashed daemon's
+		}
 	}
 	return k.RawFileSystem.Statx(cancel, input, out)
 }

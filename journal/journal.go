@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -44,10 +45,11 @@ type record struct {
 	State   *tree.State      `json:"state,omitempty"`
 	Since   int64            `json:"since,omitempty"`
 	Backing map[uint64]int32 `json:"backing,omitempty"`
+	Done    []uint64         `json:"done,omitempty"`
 	// "made": Node. "named": Ino, Parent, Name. "removed", "numbered":
 	// Ino. "meta": Ino, Meta. "access": Ino, Access (a directory's
 	// default). "kept": Kept (a buffer, by its file). "backing": Ino,
-	// ID (0: none).
+	// ID (0: none). "done": Unique.
 	Node   *tree.NodeState `json:"node,omitempty"`
 	Ino    uint64          `json:"ino,omitempty"`
 	Parent uint64          `json:"parent,omitempty"`
@@ -56,6 +58,7 @@ type record struct {
 	Access verbs.Access    `json:"access,omitempty"`
 	Kept   *buffer.Kept    `json:"kept,omitempty"`
 	ID     int32           `json:"id,omitempty"`
+	Unique uint64          `json:"unique,omitempty"`
 }
 
 // meta is tree.Meta with times in nanoseconds since the epoch.
@@ -73,7 +76,7 @@ type meta struct {
 type Journal struct {
 	f *os.File
 
-	mu sync.Mutex // guards: end, err, backing, and the writes to f
+	mu sync.Mutex // guards: end, err, backing, done, and the writes to f
 	// end is the offset the next record goes to.
 	end int64
 	// err is the first write that failed: the records after it are
@@ -83,7 +86,15 @@ type Journal struct {
 	// backing is the passthrough backing id the kernel holds of each
 	// node that has one (Backing), for the state records.
 	backing map[uint64]int32
+	// done are the last requests Done recorded (a ring, next is the
+	// oldest), for the state records.
+	done []uint64
+	next int
 }
+
+// keepDone is how many done requests a state record carries: more than
+// the requests a daemon has under way at once (the kernel's queue).
+const keepDone = 4096
 
 var _ tree.Journal = (*Journal)(nil)
 
@@ -135,6 +146,11 @@ func (j *Journal) Kept(k buffer.Kept) { j.put(record{Op: "kept", Kept: &k}) }
 // gives new opens of such a node this id.
 func (j *Journal) Backing(ino uint64, id int32) { j.put(record{Op: "backing", Ino: ino, ID: id}) }
 
+// Done: the request with FUSE unique unique changed the namespace, and
+// its reply goes now. A daemon restarted after a crash answers the
+// kernel's resend of it from the namespace instead of applying it again.
+func (j *Journal) Done(unique uint64) { j.put(record{Op: "done", Unique: unique}) }
+
 // put writes r; a failure is kept for Err.
 func (j *Journal) put(r record) {
 	if err := j.write(r); err != nil {
@@ -153,6 +169,7 @@ func (j *Journal) write(r record) error {
 		// Since: Replay applies them again.
 		j.mu.Lock()
 		r.Backing = maps.Clone(j.backing)
+		r.Done = slices.Clone(j.done)
 		j.mu.Unlock()
 	}
 	line, err := json.Marshal(r)
@@ -170,6 +187,11 @@ func (j *Journal) write(r record) error {
 		j.backing[r.Ino] = r.ID
 	case r.Op == "backing":
 		delete(j.backing, r.Ino)
+	case r.Op == "done" && len(j.done) < keepDone:
+		j.done = append(j.done, r.Unique)
+	case r.Op == "done":
+		j.done[j.next] = r.Unique
+		j.next = (j.next + 1) % keepDone
 	}
 	n, err := j.f.WriteAt(line, j.end)
 	j.end += int64(n)

@@ -461,6 +461,25 @@ func TestJournalBacking(t *testing.T) {
 	}
 }
 
+// TestJournalDone: the requests done come back from the journal, those
+// before a compaction too (its state record keeps the last ones).
+func TestJournalDone(t *testing.T) {
+	x := newJournaled(t)
+	x.j.Done(11)
+	x.j.Done(12)
+	if err := x.j.Compact(x.tr.Checkpoint); err != nil {
+		t.Fatal(err)
+	}
+	x.j.Done(13)
+	rec, err := journal.Recover(x.f, x.j.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[uint64]bool{11: true, 12: true, 13: true}; !reflect.DeepEqual(rec.Done, want) {
+		t.Errorf("requests done recovered %v, want %v", rec.Done, want)
+	}
+}
+
 // TestJournalCompactFrees: a journal of a long churn holds the memory
 // of its last state and the records since, not of every change.
 func TestJournalCompactFrees(t *testing.T) {

@@ -29,6 +29,9 @@ type Recovered struct {
 	// Backing is the backing id the kernel held of each node with
 	// passthrough opens (Journal.Backing).
 	Backing map[uint64]int32
+	// Done are the FUSE uniques of the last requests that changed the
+	// namespace (Journal.Done).
+	Done map[uint64]bool
 }
 
 // Recover is Replay, with the backing ids the kernel held.
@@ -54,6 +57,9 @@ func Recover(r io.ReaderAt, size int64) (Recovered, error) {
 	for ino, id := range st.Backing {
 		m.backing[ino] = id
 	}
+	for _, u := range st.Done {
+		m.done[u] = true
+	}
 	for i, l := range lines {
 		if l.off < st.Since || i == at {
 			continue // older than the state, or the state itself
@@ -68,7 +74,7 @@ func Recover(r io.ReaderAt, size int64) (Recovered, error) {
 		m.apply(r)
 	}
 	t, err := m.state()
-	return Recovered{Tree: t, Backing: m.backing}, err
+	return Recovered{Tree: t, Backing: m.backing, Done: m.done}, err
 }
 
 // line is a whole line of the journal and where it starts.
@@ -109,10 +115,11 @@ type model struct {
 	files map[uint64]uint64
 	// backing: the kernel's backing id of each node with one.
 	backing map[uint64]int32
+	done    map[uint64]bool
 }
 
 func newModel(st tree.State) *model {
-	m := &model{nodes: map[uint64]*tree.NodeState{}, lastIno: st.LastIno, files: map[uint64]uint64{}, backing: map[uint64]int32{}}
+	m := &model{nodes: map[uint64]*tree.NodeState{}, lastIno: st.LastIno, files: map[uint64]uint64{}, backing: map[uint64]int32{}, done: map[uint64]bool{}}
 	for _, ns := range st.Nodes {
 		m.made(ns)
 	}
@@ -167,6 +174,8 @@ func (m *model) apply(r record) {
 		}
 	case "numbered":
 		m.lastIno = max(m.lastIno, r.Ino)
+	case "done":
+		m.done[r.Unique] = true
 	case "backing":
 		if r.ID != 0 {
 			m.backing[r.Ino] = r.ID

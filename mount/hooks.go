@@ -130,3 +130,17 @@ func testAdoptFail(log *slog.Logger) error {
 	log.Warn("test hook: this program fails to adopt the mount", "hook", adoptFailEnv)
 	return errors.New("test hook " + adoptFailEnv + ": the adoption fails")
 }
+
+// dieAtDoneEnv is a test hook: a file whose existence makes the daemon
+// under a keeper die (SIGKILL, removing the file first) right after it
+// journaled a request that changed the namespace, before the reply: the
+// kernel then sends the request again to the next daemon.
+const dieAtDoneEnv = "MRFS_TEST_DIE_AT_DONE"
+
+func testDieAtDone(log *slog.Logger) string {
+	v := os.Getenv(dieAtDoneEnv)
+	if v != "" {
+		log.Warn("test hook: the daemon dies after a change once this file exists", "hook", dieAtDoneEnv, "file", v)
+	}
+	return v
+}

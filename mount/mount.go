@@ -14,6 +14,8 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"mrfs/buffer"
 	"mrfs/fs"
 	"mrfs/internal/config"
@@ -56,6 +58,8 @@ type parts struct {
 	life   life
 	// adopted: the store was handed over by an upgrade.
 	adopted bool
+	// journal: the namespace's changes, for a keeper (nil: none).
+	journal *journaling
 }
 
 // Run mounts, serves until a stop signal or an unmount from outside, and
@@ -123,6 +127,13 @@ func start(opt Options) (_ *parts, err error) {
 		return nil, err
 	}
 	p.adopted = inh != nil
+	keeper := keeperFd()
+	if keeper >= 0 {
+		if p.journal, err = newJournaling(); err != nil {
+			return nil, err
+		}
+		p.journal.dieAt = testDieAtDone(log)
+	}
 	if p.prov, err = ChooseProvider(cfg.Verbs, log); err != nil {
 		return nil, err
 	}
@@ -143,7 +154,11 @@ func start(opt Options) (_ *parts, err error) {
 		return nil, err
 	}
 	p.pub = &publishing{next: p.mx.bufferEvents()}
-	p.mgr = buffer.NewManager(p.dev, managerOptions(cfg, budget, st, p.pub, mapReserve, log), log)
+	mopt := managerOptions(cfg, budget, st, p.pub, mapReserve, log)
+	if p.journal != nil {
+		mopt.OnKept = p.journal.j.Kept
+	}
+	p.mgr = buffer.NewManager(p.dev, mopt, log)
 	p.mx.watch(p.mgr)
 	topt := tree.Options{
 		DefaultSize:   uint64(cfg.Buffers.DefaultSize),
@@ -151,6 +166,9 @@ func start(opt Options) (_ *parts, err error) {
 		Umask:         cfg.Mount.Umask,
 		Log:           log,
 		Changed:       p.pub.changed,
+	}
+	if p.journal != nil {
+		topt.Journal = p.journal.j
 	}
 	if inh != nil {
 		p.life.restarts = inh.state.Restarts
@@ -164,6 +182,11 @@ func start(opt Options) (_ *parts, err error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if p.journal != nil {
+		if err := p.journal.start(p.tree, log); err != nil {
+			return nil, err
+		}
 	}
 	root := p.tree.Root()
 	p.watch = watchDevices(p.prov, p.dev, cfg.Verbs, p.remote, func() { p.pub.changed(root) }, log)
@@ -180,18 +203,28 @@ func start(opt Options) (_ *parts, err error) {
 		Upgrade:  func(binary string) error { return p.startUpgrade(binary, log) },
 		Life:     p.life.get,
 	}
+	if p.journal != nil {
+		fopt.OnBacking, fopt.OnDone = p.journal.j.Backing, p.journal.requestDone
+	}
 	mo := fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)}
 	if inh != nil {
 		if err := testAdoptFail(log); err != nil {
 			return nil, err
 		}
-		p.srv, err = fs.Adopt(opt.Dir, fopt, mo, fs.Handover{Conn: inh.conn, Init: inh.init, Kernel: inh.state.Kernel})
-		if err == nil {
+		p.srv, err = fs.Adopt(opt.Dir, fopt, mo, fs.Handover{Conn: inh.conn, Init: inh.init, Kernel: inh.state.Kernel,
+			Restarts: p.life.restarts, Crashed: inh.crashed, Backing: inh.backing, Done: inh.done})
+		switch {
+		case err == nil && inh.crashed:
+			log.Warn("took over the mount of a daemon that died: its buffers and names are kept; keys are new", "restarts", p.life.restarts)
+		case err == nil:
 			served()
 			log.Info("upgraded in place: the mount, its buffers and its names are kept; keys are new", "restarts", p.life.restarts)
 		}
 	} else {
 		p.srv, err = fs.Mount(opt.Dir, fopt, mo)
+	}
+	if err == nil && keeper >= 0 {
+		p.handToKeeper(keeper, log)
 	}
 	if errors.Is(err, fs.ErrNoPassthrough) {
 		return nil, fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
@@ -220,8 +253,29 @@ func managerOptions(c config.Config, budget uint64, st store.Store, ev buffer.Ev
 	}
 }
 
+// handToKeeper hands the keeper what a daemon started after this one
+// dies takes the mount over with; a mount it cannot take over dies with
+// this daemon, as the log says.
+func (p *parts) handToKeeper(keeper int, log *slog.Logger) {
+	conn, init, ok := p.srv.Connection()
+	ls, lasting := p.store.(store.Lasting)
+	if !ok || !lasting {
+		log.Warn("keeper: this mount cannot outlive its daemon (mounted by fusermount, or the memfd store): a crash ends it")
+		return
+	}
+	sfd, err := ls.Handover()
+	if err == nil {
+		err = handToKeeper(keeper, conn, init, sfd, int(p.journal.f.Fd()), p.life.restarts)
+		unix.Close(sfd)
+	}
+	if err != nil {
+		log.Error("keeper: a crash would end this mount", "err", err)
+	}
+}
+
 // close closes what start made, when it failed.
 func (p *parts) close() {
+	p.journal.close()
 	p.watch.Close()
 	if p.remote != nil {
 		p.remote.Close()
@@ -267,6 +321,7 @@ func (p *parts) teardown(opt Options, unmounted <-chan struct{}, errs []error) e
 		errs = append(errs, fmt.Errorf("close the backing store: %w", err))
 	}
 	p.mx.Close()
+	p.journal.close()
 	select {
 	case <-unmounted:
 	default:

@@ -33,6 +33,23 @@ func openStore(cfg config.Buffers, inh *inherited, log *slog.Logger) (store.Stor
 		}
 	}
 	topt := store.TmpfsOptions{Size: budget, Files: uint64(cfg.MaxBuffers), Huge: cfg.HugePages}
+	if inh != nil && inh.crashed {
+		// What the dead daemon made and had not named, or removed and
+		// not freed: no one will.
+		keep := map[uint64]bool{}
+		for _, n := range inh.state.Tree.Nodes {
+			if n.File != nil {
+				keep[n.File.File] = true
+			}
+		}
+		n, bytes, err := store.Sweep(inh.store, func(id uint64) bool { return keep[id] })
+		if err != nil {
+			return nil, 0, fmt.Errorf("backing store: %w", err)
+		}
+		if n > 0 {
+			log.Info("backing store: removed the files of the daemon that died that no name holds", "files", n, "bytes", bytes)
+		}
+	}
 	if inh != nil {
 		s, err := store.AdoptTmpfs(inh.store, topt)
 		if err != nil {

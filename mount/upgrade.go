@@ -17,6 +17,7 @@ import (
 
 	"mrfs/fs"
 	"mrfs/fuseconn"
+	"mrfs/journal"
 	"mrfs/store"
 	"mrfs/tree"
 )
@@ -58,6 +59,11 @@ type inherited struct {
 	state restartState
 	// failed is why a later program gave the mount back to this one.
 	failed string
+	// crashed: the daemon before died; state is what its journal says
+	// (no kernel's view), backing the kernel's backing ids.
+	crashed bool
+	backing map[uint64]int32
+	done    map[uint64]bool
 }
 
 // back is what FallBack hands the program before, while this one has
@@ -82,7 +88,7 @@ var handed struct {
 func Restarted() bool {
 	handed.Lock()
 	defer handed.Unlock()
-	return handed.in != nil || os.Getenv(envState) != ""
+	return handed.in != nil || os.Getenv(envState) != "" || os.Getenv(envJournal) != ""
 }
 
 // takeInherited takes what an earlier program handed over, or nil when
@@ -97,6 +103,11 @@ func takeInherited() (*inherited, error) {
 	handed.taken = true
 	sv, stv, bv, failed := os.Getenv(envState), os.Getenv(envStore), os.Getenv(envBack), os.Getenv(envFailed)
 	args := os.Getenv(envBackArgs)
+	if os.Getenv(envJournal) != "" {
+		in, err := takeCrashed()
+		handed.in = in
+		return in, err
+	}
 	if sv == "" {
 		return nil, nil
 	}
@@ -131,6 +142,39 @@ func takeInherited() (*inherited, error) {
 		return nil, fmt.Errorf("adopt the mount of the program before: its state: %w", err)
 	}
 	return in, nil
+}
+
+// takeCrashed takes what a keeper kept of a daemon that died: the
+// connection, the store's root and the journal, from which it recovers
+// the namespace.
+func takeCrashed() (*inherited, error) {
+	jv, stv, rv := os.Getenv(envJournal), os.Getenv(envStore), os.Getenv(envRestarts)
+	for _, k := range []string{envJournal, envStore, envRestarts} {
+		os.Unsetenv(k)
+	}
+	conn, init, ok, err := fuseconn.Inherited()
+	if err == nil && !ok {
+		err = fmt.Errorf("no FUSE connection was kept")
+	}
+	jfd, err2 := strconv.Atoi(jv)
+	stfd, err3 := strconv.Atoi(stv)
+	restarts, err4 := strconv.Atoi(rv)
+	if err := errors.Join(err, err2, err3, err4); err != nil {
+		return nil, fmt.Errorf("take over the mount of a daemon that died: %w", err)
+	}
+	unix.CloseOnExec(stfd)
+	f := os.NewFile(uintptr(jfd), "journal")
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("take over the mount of a daemon that died: its journal: %w", err)
+	}
+	rec, err := journal.Recover(f, fi.Size())
+	if err != nil {
+		return nil, fmt.Errorf("take over the mount of a daemon that died: its journal: %w", err)
+	}
+	return &inherited{conn: conn, init: init, store: stfd, crashed: true, backing: rec.Backing, done: rec.Done,
+		state: restartState{Tree: rec.Tree, Restarts: restarts}}, nil
 }
 
 // keepBack keeps copies of what in was handed, for FallBack.

@@ -2,6 +2,9 @@ package store
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -72,4 +75,37 @@ func FileID(f File) (id uint64, ok bool) {
 		return t.id, true
 	}
 	return 0, false
+}
+
+// Sweep removes the files of the tmpfs store whose root is root that
+// keep does not want: those of buffers a process that died had made and
+// not yet named, or removed and not yet freed (a client's mapping keeps
+// such pages until it goes). It returns how many it removed and their
+// bytes.
+func Sweep(root int, keep func(id uint64) bool) (n int, bytes int64, err error) {
+	dfd, err := unix.Openat(root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("sweep the tmpfs store: %w", err)
+	}
+	dir := os.NewFile(uintptr(dfd), "store")
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return 0, 0, fmt.Errorf("sweep the tmpfs store: %w", err)
+	}
+	for _, name := range names {
+		id, perr := strconv.ParseUint(strings.TrimPrefix(name, "b"), 10, 64)
+		if perr != nil || fileName(id) != name || keep(id) {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(root, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return n, bytes, fmt.Errorf("sweep the tmpfs store: %s: %w", name, err)
+		}
+		if err := unix.Unlinkat(root, name, 0); err != nil {
+			return n, bytes, fmt.Errorf("sweep the tmpfs store: remove %s: %w", name, err)
+		}
+		n, bytes = n+1, bytes+st.Blocks*512
+	}
+	return n, bytes, nil
 }

@@ -361,3 +361,38 @@ func TestTmpfsHandover(t *testing.T) {
 		t.Errorf("adopting /proc as the store: %v, want EINVAL", err)
 	}
 }
+
+// TestTmpfsSweep: a sweep removes the files not wanted, and only them.
+func TestTmpfsSweep(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the tmpfs store needs CAP_SYS_ADMIN (fsopen): run as root")
+	}
+	s, err := NewTmpfs(TmpfsOptions{Size: 4 << 20, Huge: "never"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, id := range []uint64{3, 4, 5} {
+		f, err := s.Create(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte("x"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root, err := s.(Lasting).Handover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	n, bytes, err := Sweep(root, func(id uint64) bool { return id == 4 })
+	if err != nil || n != 2 || bytes != 2*int64(os.Getpagesize()) {
+		t.Errorf("sweep: %d files, %d bytes, %v; want 2 files of a page", n, bytes, err)
+	}
+	for id, want := range map[uint64]bool{3: false, 4: true, 5: false} {
+		if _, err := s.(Lasting).Open(id); (err == nil) != want {
+			t.Errorf("file %d after the sweep: %v, want kept %v", id, err, want)
+		}
+	}
+}

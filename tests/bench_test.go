@@ -221,7 +221,7 @@ type bwSide struct {
 
 func (s *bwSide) close() {
 	for _, m := range s.maps {
-		unix.Munmap(m)
+		munmap(m)
 	}
 	for _, fd := range s.fds {
 		unix.Close(fd)
@@ -493,7 +493,7 @@ func benchCreate(b *testing.B, d *daemon) {
 			if err := unix.Munlock(m); err != nil {
 				b.Fatal(err)
 			}
-			if err := unix.Munmap(m); err != nil {
+			if err := munmap(m); err != nil {
 				b.Fatal(err)
 			}
 			if err := unix.Close(fd); err != nil {

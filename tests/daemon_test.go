@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,9 @@ type daemonConfig struct {
 	// MountedIsReady: return as soon as the mount is in mountinfo, without
 	// waiting for the root to answer (for signals sent at that moment).
 	MountedIsReady bool
+	// Keeper: mount --keeper (the daemon, the keeper's child, is
+	// started again when it dies).
+	Keeper bool
 	// Hang replaces hangTimeout for a test that uses its mount longer.
 	Hang time.Duration
 }
@@ -106,6 +110,9 @@ func startDaemon(t testing.TB, cfg daemonConfig) *daemon {
 		t.Fatal(err)
 	}
 	args := append(append([]string{}, cfg.Wrapper...), mrfsBin, "mount", "--config", cfgPath, mnt)
+	if cfg.Keeper {
+		args = slices.Insert(args, len(cfg.Wrapper)+2, "--keeper")
+	}
 	d := &daemon{t: t, mnt: mnt, cfgPath: cfgPath, stderr: &syncBuffer{}, done: make(chan struct{}), watchdog: make(chan struct{}), hang: cfg.Hang}
 	if d.hang == 0 {
 		d.hang = hangTimeout

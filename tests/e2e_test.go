@@ -288,7 +288,7 @@ func TestFuseRequestLog(t *testing.T) {
 				t.Fatal(err)
 			}
 			m[0] = 'j'
-			unix.Munmap(m)
+			munmap(m)
 			fh.Close()
 			mustXattr(t, f, xState) // a request it does get, last
 			// Its own line: the daemon's log of the requests startDaemon

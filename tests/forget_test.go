@@ -68,7 +68,7 @@ func TestKernelForgetsIdleFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(m)
+	track(t, m)
 	inos := map[string]uint64{}
 	for _, n := range names {
 		var st unix.Stat_t
@@ -87,7 +87,7 @@ func TestKernelForgetsIdleFiles(t *testing.T) {
 	if err := open.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Munmap(m); err != nil {
+	if err := munmap(m); err != nil {
 		t.Fatal(err)
 	}
 	waitForgotten(4, "after the last close of the open and the mapped file")

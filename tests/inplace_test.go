@@ -113,7 +113,7 @@ func TestRegisterInPlaceShm(t *testing.T) {
 	if err := os.Remove(f); err != nil {
 		t.Fatal(err)
 	}
-	unix.Munmap(fm)
+	munmap(fm)
 	ffh.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for readStats(t, d.mnt).OpenUnlinked != 0 && time.Now().Before(deadline) {
@@ -185,7 +185,7 @@ func TestRegisterInPlaceMemfd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(mm)
+	defer munmap(mm)
 	for i := 0; i < size; i += pageSize {
 		mm[i] = byte(i / pageSize) // this process's mapping has every page
 	}
@@ -251,7 +251,7 @@ func TestRegisterInPlaceHugetlb(t *testing.T) {
 			}
 			t.Skipf("no 2 MiB huge page to be had on this host (%v); the qemu guest's run covers it", err)
 		}
-		defer unix.Munmap(mm)
+		defer munmap(mm)
 		f := d.path(c.kind)
 		if err := os.Symlink(c.path, f); err != nil {
 			t.Fatalf("ln -s %s (%s): %v", c.path, c.kind, err)

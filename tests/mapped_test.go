@@ -82,7 +82,7 @@ func TestUnlinkMappedClosed(t *testing.T) {
 	if s.OpenUnlinked != 1 || s.ChargedBytes != 1<<20 {
 		t.Errorf("with the removed file still mapped: %+v, want it held and charged", s)
 	}
-	unix.Munmap(m)
+	munmap(m)
 	waitStats(t, d, "after the munmap", func(s mrfsStats) bool { return s.OpenUnlinked == 0 && s.ChargedBytes == 0 && s.StoreBytes == 0 })
 }
 
@@ -117,7 +117,7 @@ func TestPoolSlotMappedNotReused(t *testing.T) {
 		if got, ok := readMapped(m); !ok || string(got[:3]) != "old" || bytes.Contains(got, []byte("secret")) {
 			t.Fatalf("pool of %d: the mapping of a removed file reads %q (readable %v)", slots, got[:8], ok)
 		}
-		unix.Munmap(m)
+		munmap(m)
 		if slots == 1 {
 			deadline := time.Now().Add(10 * time.Second * slowFactor())
 			for {
@@ -161,7 +161,7 @@ func TestPoolRemovedWhileMapped(t *testing.T) {
 	if s := readStats(t, d.mnt); s.ChargedBytes != 1<<20 {
 		t.Fatalf("the pool removed with a slot mapped: %d bytes charged, want the slot's 1 MiB", s.ChargedBytes)
 	}
-	unix.Munmap(m)
+	munmap(m)
 	waitStats(t, d, "after the munmap", func(s mrfsStats) bool { return s.ChargedBytes == 0 })
 }
 
@@ -184,7 +184,7 @@ func TestMappedAfterCloseWithinQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(m)
+	defer munmap(m)
 	err = fh.Close()
 	if err == nil {
 		t.Fatal("the close after a write of 480 MiB past a 64 MiB quota succeeded")
@@ -219,7 +219,7 @@ func TestMappedRemovedFileFilledCharged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(m)
+	track(t, m)
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestMappedRemovedFileFilledCharged(t *testing.T) {
 	if s := readStats(t, d.mnt); s.ChargedBytes < size || s.StoreBytes > s.ChargedBytes {
 		t.Errorf("the mapping filled %d bytes of a removed file: %+v, want them charged", size, s)
 	}
-	unix.Munmap(m)
+	munmap(m)
 	if err := os.Remove(d.path("g")); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -107,8 +108,45 @@ func mapShared(t *testing.T, path string, size int) (*os.File, []byte) {
 	if err != nil {
 		t.Fatalf("mmap MAP_SHARED %s: %v", path, err)
 	}
-	t.Cleanup(func() { unix.Munmap(m) })
+	track(t, m)
 	return fh, m
+}
+
+// track unmaps m at the test's end unless munmap did before.
+func track(t *testing.T, m []byte) {
+	live.Lock()
+	if live.m == nil {
+		live.m = map[*byte]*int{}
+	}
+	tok := new(int)
+	live.m[&m[0]] = tok
+	live.Unlock()
+	t.Cleanup(func() {
+		live.Lock()
+		defer live.Unlock()
+		if live.m[&m[0]] == tok { // not unmapped, nor its address mapped again since
+			delete(live.m, &m[0])
+			unix.Munmap(m)
+		}
+	})
+}
+
+// live are the mappings of mapShared and track not yet unmapped, by address, each with
+// a token of its own. unix.Munmap of a slice unmapped already unmaps
+// whatever a parallel test has mapped at the same address since (the
+// mmapper knows mappings by address): a cleanup unmaps only its own.
+var live struct {
+	sync.Mutex // guards: m
+	m          map[*byte]*int
+}
+
+// munmap unmaps m before its test ends. A mapping a test unmaps and
+// may unmap again (a defer) must be tracked instead.
+func munmap(m []byte) error {
+	live.Lock()
+	defer live.Unlock()
+	delete(live.m, &m[0])
+	return unix.Munmap(m)
 }
 
 func sliceAddr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }

@@ -181,7 +181,7 @@ func TestPoolZeroingOnReuse(t *testing.T) {
 	_, err := os.Create(filepath.Join(p, "b"))
 	wantErrno(t, err, unix.ENOSPC, "a file while the only slot is held open")
 	copy(m, "written after the unlink")
-	unix.Munmap(m)
+	munmap(m)
 	fh.Close()
 	// The kernel sends the RELEASE after close returns.
 	deadline := time.Now().Add(10 * time.Second * slowFactor())

@@ -174,7 +174,7 @@ func TestRemoteShell(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(m)
+	defer munmap(m)
 
 	script := fmt.Sprintf(`
 f=%s; m=%s; tf=%s

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,17 +65,66 @@ func descOf(t *testing.T, path string) upgradeDesc {
 // TestUpgradeInPlace upgrades a daemon while a client holds a file open
 // (read-write, zero copy), a mapping of another whose descriptor it
 // closed, and a directory open, and while another loops over stat and
-// listings. The daemon keeps its pid; every name, inode number, mode,
-// owner, byte and token is the same; every key is new and every
-// generation one more; the open descriptor, the directory and the mapping
-// work on, their writes landing in the files the new daemon registered
-// (a peer reads them with the new keys); a new open of a file a
-// descriptor from before holds works (the kernel's backing file is
-// kept); the loop sees no error; and when all is closed nothing is left
-// open or uncharged.
+// listings (heldThrough). The daemon keeps its pid.
 func TestUpgradeInPlace(t *testing.T) {
 	t.Parallel()
 	d, _ := startRemoteConf(t, remoteConfig())
+	heldThrough(t, d, "the upgrade", func() {
+		if out, err := upgrade(t, d); err != nil || !strings.Contains(out, "upgraded in place") {
+			t.Errorf("mrfs upgrade: %v: %s\ndaemon:\n%s", err, out, d.stderr)
+		}
+	}, true)
+}
+
+// TestCrashUnderKeeper: the daemon under a keeper (mount --keeper) is
+// SIGKILLed while a client holds what TestUpgradeInPlace's holds, and a
+// removed file open; the keeper starts another daemon, which takes the
+// mount over from the journal: as after an upgrade (heldThrough), but a
+// new pid; the removed file, which no name holds, reads on through its
+// descriptor (the kernel's backing file) and its memory goes at its
+// close (the new daemon swept it from the store).
+func TestCrashUnderKeeper(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Remote: remoteConfig(), Keeper: true})
+	gonePath := d.path("gone")
+	if err := os.WriteFile(gonePath, patternBytes(64<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := os.Open(gonePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	if err := os.Remove(gonePath); err != nil {
+		t.Fatal(err)
+	}
+	heldThrough(t, d, "the crash", func() {
+		before := readStats(t, d.mnt)
+		if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitStats(t, d, "another daemon after the crash", func(s mrfsStats) bool { return s.PID != before.PID })
+		b := make([]byte, 64<<10)
+		if _, err := gone.ReadAt(b, 0); err != nil || !bytes.Equal(b, patternBytes(64<<10)) {
+			t.Errorf("a removed file read through its descriptor after the crash: %v", err)
+		}
+		gone.Close() // its memory goes: heldThrough finds the store as charged
+	}, false)
+}
+
+// heldThrough restarts d's daemon (restart) while a client holds a file
+// open (read-write, zero copy, opened to truncate), a mapping of another
+// whose descriptor it closed, and a directory open, and while another
+// loops over stat and listings. Every name, inode number, mode, owner,
+// byte and token is the same after; every key is new and every
+// generation one more; the open descriptor, the directory and the
+// mapping work on, their writes landing in the files the new daemon
+// registered (a peer reads them with the new keys); a new open of a file
+// a descriptor from before holds works (the kernel's backing file is
+// kept); the loop sees no error; and when all is closed nothing is left
+// open or uncharged. samePID: the daemon keeps its pid (an upgrade).
+func heldThrough(t *testing.T, d *daemon, what string, restart func(), samePID bool) {
+	t.Helper()
 	sub := d.path("sub")
 	if err := os.Mkdir(sub, 0o750); err != nil {
 		t.Fatal(err)
@@ -113,6 +164,11 @@ func TestUpgradeInPlace(t *testing.T) {
 
 	// What else the client holds across the upgrade.
 	m := mapClosed(t, a, size)
+	only := d.path("only-mapped") // no descriptor, no name after the restart
+	if err := os.WriteFile(only, []byte("only"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mOnly := mapClosed(t, only, os.Getpagesize())
 	fa, err := os.Open(a) // its passthrough backing is the kernel's from before
 	if err != nil {
 		t.Fatal(err)
@@ -141,11 +197,11 @@ func TestUpgradeInPlace(t *testing.T) {
 		}
 	})
 
-	out, err := upgrade(t, d)
-	if err != nil || !strings.Contains(out, "upgraded in place") {
+	restart()
+	if t.Failed() {
 		stop.Store(true)
 		wg.Wait()
-		t.Fatalf("mrfs upgrade: %v: %s\ndaemon:\n%s", err, out, d.stderr)
+		t.FailNow()
 	}
 	// Long enough for the kernel to forget names it was given before the
 	// upgrade (forget.go): lookup counts the new daemon did not restore
@@ -160,25 +216,25 @@ func TestUpgradeInPlace(t *testing.T) {
 		d.kill()
 		stop.Store(true)
 		wg.Wait()
-		t.Fatalf("the metadata loop stopped after the upgrade: the daemon answers no more; stderr:\n%s", tail(d.stderr.String(), 60))
+		t.Fatalf("the metadata loop stopped after %s: the daemon answers no more; stderr:\n%s", what, tail(d.stderr.String(), 60))
 	}
 	stop.Store(true)
 	wg.Wait()
 	if len(loopErrs) > 0 {
-		t.Errorf("the metadata loop failed %d times through the upgrade: %v", len(loopErrs), loopErrs[:min(len(loopErrs), 5)])
+		t.Errorf("the metadata loop failed %d times through %s: %v", len(loopErrs), what, loopErrs[:min(len(loopErrs), 5)])
 	}
 
 	now := readStats(t, d.mnt)
-	if now.PID != life.PID || now.Restarts != life.Restarts+1 || now.Started == life.Started || d.exited() {
-		t.Fatalf("after the upgrade: pid %d restarts %d started %s, before pid %d restarts %d started %s",
-			now.PID, now.Restarts, now.Started, life.PID, life.Restarts, life.Started)
+	if (now.PID == life.PID) != samePID || now.Restarts != life.Restarts+1 || now.Started == life.Started || d.exited() {
+		t.Fatalf("after %s: pid %d restarts %d started %s, before pid %d restarts %d started %s",
+			what, now.PID, now.Restarts, now.Started, life.PID, life.Restarts, life.Started)
 	}
 	if out, err := exec.Command(mrfsBin, "status", d.mnt).CombinedOutput(); err != nil || !strings.Contains(string(out), "1 restart survived") {
-		t.Errorf("mrfs status after an upgrade: %v\n%s", err, out)
+		t.Errorf("mrfs status after %s: %v\n%s", what, err, out)
 	}
 	for _, p := range paths {
 		if got := nodeFacts(t, p); got != before[p] {
-			t.Errorf("%s after the upgrade: %s, before: %s", p, got, before[p])
+			t.Errorf("%s after %s: %s, before: %s", p, what, got, before[p])
 		}
 	}
 	for _, c := range []struct {
@@ -186,8 +242,8 @@ func TestUpgradeInPlace(t *testing.T) {
 		was  upgradeDesc
 	}{{a, descA}, {b, descB}} {
 		if got := descOf(t, c.path); got.RKey == c.was.RKey || got.Generation != c.was.Generation+1 {
-			t.Errorf("%s: rkey %s generation %d after the upgrade, before %s %d: want a new key, one generation more",
-				c.path, got.RKey, got.Generation, c.was.RKey, c.was.Generation)
+			t.Errorf("%s: rkey %s generation %d after %s, before %s %d: want a new key, one generation more",
+				c.path, got.RKey, got.Generation, what, c.was.RKey, c.was.Generation)
 		}
 	}
 
@@ -220,16 +276,30 @@ func TestUpgradeInPlace(t *testing.T) {
 		t.Errorf("a peer's read with the new keys: %q %v", rd, err)
 	}
 
-	unix.Munmap(m)
+	// A file the kernel holds only mapped, removed after the restart: its
+	// buffer stays, charged, until the munmap.
+	if err := os.Remove(only); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // a free would be under way
+	if s := readStats(t, d.mnt); s.OpenUnlinked != 1 || s.ChargedBytes != s.StoreBytes {
+		// Its pages may be gone: the mapping is not read.
+		t.Errorf("a mapped file removed after %s: %d unlinked files held, %d bytes charged of %d in the store; want it held and charged",
+			what, s.OpenUnlinked, s.ChargedBytes, s.StoreBytes)
+	} else if string(mOnly[:4]) != "only" {
+		t.Errorf("a mapped file removed after %s reads %q through its mapping", what, mOnly[:4])
+	}
+	munmap(mOnly)
+	munmap(m)
 	fb.Close()
 	fa.Close()
 	fa2.Close()
 	dir.Close()
-	waitStats(t, d, "all closed after the upgrade", func(s mrfsStats) bool {
+	waitStats(t, d, "all closed after "+what, func(s mrfsStats) bool {
 		return s.OpenFiles == 0 && s.OpenUnlinked == 0 && s.ChargedBytes == s.StoreBytes
 	})
 	if code := d.stop(syscall.SIGTERM); code != 0 {
-		t.Errorf("the upgraded daemon exited %d; stderr:\n%s", code, d.stderr)
+		t.Errorf("the daemon after %s exited %d; stderr:\n%s", what, code, d.stderr)
 	}
 }
 
@@ -347,5 +417,69 @@ func TestUpgradeFallsBack(t *testing.T) {
 	}
 	if b, err := os.ReadFile(keep); err != nil || string(b) != "kept" {
 		t.Errorf("a file after the upgrade: %q %v", b, err)
+	}
+}
+
+// TestCrashResentNotAppliedTwice: a daemon under a keeper that dies after
+// it applied a create (O_EXCL), a mkdir, an unlink and a rename, before
+// it answered (a test hook kills it there): the kernel sends each again
+// to the next daemon, which answers it from the namespace; the client
+// sees each succeed (not EEXIST or ENOENT), once.
+func TestCrashResentNotAppliedTwice(t *testing.T) {
+	t.Parallel()
+	trigger := filepath.Join(t.TempDir(), "die")
+	d := startDaemon(t, daemonConfig{Keeper: true, Env: []string{"MRFS_TEST_DIE_AT_DONE=" + trigger}})
+	if err := os.WriteFile(d.path("old"), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.path("from"), []byte("from"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var f *os.File
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"create O_EXCL", func() (err error) {
+			f, err = os.OpenFile(d.path("new"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o640)
+			return err
+		}},
+		{"mkdir", func() error { return os.Mkdir(d.path("dir"), 0o750) }},
+		{"unlink", func() error { return os.Remove(d.path("old")) }},
+		{"rename", func() error { return os.Rename(d.path("from"), d.path("to")) }},
+	}
+	for i, s := range steps {
+		if err := os.WriteFile(trigger, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.do(); err != nil {
+			t.Errorf("%s through a crash after it was applied: %v", s.what, err)
+		}
+		if _, err := os.Stat(trigger); err == nil {
+			t.Fatalf("%s: the daemon did not die after it", s.what)
+		}
+		if st := readStats(t, d.mnt); st.Restarts != i+1 {
+			t.Errorf("after the %s: %d restarts, want %d", s.what, st.Restarts, i+1)
+		}
+	}
+	if f != nil {
+		if _, err := f.WriteAt([]byte("new"), 0); err != nil {
+			t.Errorf("write through the create's descriptor: %v", err)
+		}
+		f.Close()
+	}
+	names, err := os.ReadDir(d.mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, n := range names {
+		got = append(got, n.Name())
+	}
+	if want := []string{"dir", "new", "to"}; !slices.Equal(got, want) {
+		t.Errorf("after the crashes the mount holds %v, want %v", got, want)
+	}
+	if b, err := os.ReadFile(d.path("new")); err != nil || string(b) != "new" {
+		t.Errorf("the created file: %q %v", b, err)
 	}
 }

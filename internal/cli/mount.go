@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -21,6 +22,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	opts := f.String("o", "", "mount `OPTIONS`, comma-separated, as mount(8) takes them: config keys (backend=soft,allow_other,buffers.max_pinned=1GiB) and generic ones; see mrfs(8)")
 	daemon := f.Bool("daemon", false, "go to the background once the mount is ready (exit 0), or exit with the error; the log goes to log.output")
 	f.BoolVar(daemon, "d", false, "short for --daemon")
+	keeper := f.Bool("keeper", false, "run the daemon under a small parent that holds the mount and starts the daemon again if it dies (DESIGN, Restart); not with --daemon")
 	defer func() {
 		// A program an upgrade executed that cannot take the mount over
 		// gives it back to the program before.
@@ -56,6 +58,12 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if *keeper {
+		if *daemon {
+			return usageError("--keeper runs in the foreground: not with --daemon")
+		}
+		return keep(args, stderr)
+	}
 	// A program an upgrade executed in place is the daemon already.
 	restarted := mount.Restarted()
 	if *daemon && os.Getenv(readyFDEnv) == "" && !restarted {
@@ -75,4 +83,26 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	defer signal.Stop(sigs)
 	return mount.Run(mount.Options{Config: cfg, Dir: dir, FsName: fsname, Log: svc.log, Signals: sigs,
 		Ready: svc.ready, Stopping: svc.stopping})
+}
+
+// keep runs `mrfs mount` with args but --keeper under a keeper
+// (mount.Keep), which exits as the daemon does.
+func keep(args []string, stderr io.Writer) error {
+	child := []string{"mount"}
+	for _, a := range args {
+		if a != "--keeper" && a != "-keeper" {
+			child = append(child, a)
+		}
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	code, err := mount.Keep(child, sigs, slog.New(slog.NewTextHandler(stderr, nil)))
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return exitStatus(code)
+	}
+	return nil
 }

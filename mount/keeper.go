@@ -1,0 +1,244 @@
+package mount
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"mrfs/fuseconn"
+)
+
+// A keeper (`mrfs mount --keeper`, DESIGN, Restart) is a small parent
+// that runs the daemon and holds what a daemon restarted after a crash
+// takes over: the daemon sends it, over a socket named by envKeeper, the
+// FUSE connection, a memfd of its INIT, the store's root and the journal
+// (a memfd the daemon writes as the namespace changes), each time a
+// program of the daemon takes the mount. When the daemon dies, the keeper
+// starts it again with them (envJournal instead of envState).
+const (
+	envKeeper   = "MRFS_KEEPER_FD"
+	envJournal  = "MRFS_RESTART_JOURNAL_FD"
+	envRestarts = "MRFS_RESTART_COUNT"
+)
+
+// keptSet is what the daemon hands the keeper: the descriptors, in the
+// order of keptNames, and how many restarts the mount had survived.
+type keptSet struct {
+	fds      []int
+	restarts int
+}
+
+// keptNames are a kept set's descriptors, in order.
+var keptNames = []string{"connection", "init", "store", "journal"}
+
+// keptMsg is the data of the keeper's message.
+type keptMsg struct {
+	Restarts int `json:"restarts"`
+}
+
+// crashLoop: a daemon that dies this many times within crashWindow of
+// its start is not started again (the keeper lets the mount go).
+const (
+	crashLoop   = 5
+	crashWindow = 10 * time.Second
+)
+
+// Keep runs the daemon, this program with args, as its child and keeps
+// what the daemon hands it. A daemon killed by a signal, or whose Go
+// runtime died (exit status 2), is started again when the keeper holds
+// its mount, and takes the mount over; a stop signal (sigs) goes to the
+// daemon, whose exit ends the keeper: code is its exit status.
+func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger) (code int, err error) {
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("keeper: socketpair: %w", err)
+	}
+	mine, theirs := sp[0], os.NewFile(uintptr(sp[1]), "keeper")
+	defer unix.Close(mine)
+	defer theirs.Close()
+	var held *keptSet
+	defer func() { held.close() }()
+	var crashes []time.Time
+	for {
+		cmd := exec.Command("/proc/self/exe", args...)
+		cmd.Args[0] = os.Args[0] // ps shows mrfs, not /proc/self/exe
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		cmd.ExtraFiles = []*os.File{theirs}
+		cmd.Env = append(os.Environ(), envKeeper+"=3")
+		var copies []*os.File // the child's, at 4 on: closed once it has them
+		if held != nil {
+			for i, fd := range held.fds {
+				c, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+				if err != nil {
+					return 0, fmt.Errorf("keeper: %w", err)
+				}
+				copies = append(copies, os.NewFile(uintptr(c), keptNames[i]))
+			}
+			cmd.ExtraFiles = append(cmd.ExtraFiles, copies...)
+			cmd.Env = append(cmd.Env, fuseconn.Env(4, 5)...)
+			cmd.Env = append(cmd.Env, envStore+"=6", envJournal+"=7", envRestarts+"="+strconv.Itoa(held.restarts+1))
+		}
+		err := cmd.Start()
+		for _, c := range copies {
+			c.Close()
+		}
+		if err != nil {
+			return 0, fmt.Errorf("keeper: start the daemon: %w", err)
+		}
+		started := time.Now()
+		held, err = keepWhile(cmd, mine, held, sigs, log)
+		if err != nil {
+			return 0, err
+		}
+		st := cmd.ProcessState.Sys().(syscall.WaitStatus)
+		if !st.Signaled() && st.ExitStatus() != 2 {
+			return st.ExitStatus(), nil
+		}
+		if held == nil {
+			return 0, fmt.Errorf("keeper: the daemon died (%v) before it handed the mount over", cmd.ProcessState)
+		}
+		if time.Since(started) < crashWindow {
+			crashes = append(crashes, started)
+		} else {
+			crashes = nil
+		}
+		if len(crashes) >= crashLoop {
+			return 0, fmt.Errorf("keeper: the daemon died %d times within %s of its start (last: %v); the mount goes", len(crashes), crashWindow, cmd.ProcessState)
+		}
+		log.Warn("keeper: the daemon died; starting another to take the mount over", "status", cmd.ProcessState.String(),
+			"pid", cmd.Process.Pid, "restarts", held.restarts+1)
+	}
+}
+
+// keepWhile takes the sets the daemon cmd hands over (sock) while it
+// runs, passes stop signals on, and reaps it. It returns the last set:
+// sets still queued when the daemon died are read before it returns.
+func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, log *slog.Logger) (*keptSet, error) {
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return held, fmt.Errorf("keeper: pidfd_open: %w", err)
+	}
+	defer unix.Close(pidfd)
+	// A signal wakes the poll through a pipe.
+	wake := make([]int, 2)
+	if err := unix.Pipe2(wake, unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return held, fmt.Errorf("keeper: pipe: %w", err)
+	}
+	defer unix.Close(wake[0])
+	defer unix.Close(wake[1])
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case sig := <-sigs:
+				log.Info("keeper: passing a stop signal to the daemon", "signal", sig.String())
+				cmd.Process.Signal(sig)
+			case <-done:
+				return
+			}
+		}
+	}()
+	for exited := false; !exited; {
+		fds := []unix.PollFd{{Fd: int32(sock), Events: unix.POLLIN}, {Fd: int32(pidfd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			return held, fmt.Errorf("keeper: poll: %w", err)
+		}
+		exited = fds[1].Revents != 0
+		// After the exit, every set still queued is read (the last one
+		// counts), without waiting.
+		for fds[0].Revents != 0 || exited {
+			set, err := recvKept(sock)
+			if errors.Is(err, unix.EAGAIN) {
+				break
+			}
+			if err != nil {
+				log.Error("keeper: a set the daemon handed over is refused", "err", err)
+				continue
+			}
+			held.close()
+			held = set
+			log.Debug("keeper: holding the mount", "restarts", set.restarts)
+			if !exited {
+				break
+			}
+		}
+	}
+	cmd.Wait()
+	return held, nil
+}
+
+// recvKept reads one set from sock, without waiting (EAGAIN: none).
+func recvKept(sock int) (*keptSet, error) {
+	buf := make([]byte, 512)
+	oob := make([]byte, unix.CmsgSpace(len(keptNames)*4))
+	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+		for _, m := range msgs {
+			if r, err := unix.ParseUnixRights(&m); err == nil {
+				fds = append(fds, r...)
+			}
+		}
+	}
+	set := &keptSet{fds: fds}
+	var msg keptMsg
+	if err := json.Unmarshal(buf[:n], &msg); err != nil || len(fds) != len(keptNames) {
+		set.close()
+		return nil, fmt.Errorf("%d descriptors and %q: want %d and the restarts", len(fds), buf[:n], len(keptNames))
+	}
+	set.restarts = msg.Restarts
+	return set, nil
+}
+
+func (s *keptSet) close() {
+	if s == nil {
+		return
+	}
+	for _, fd := range s.fds {
+		unix.Close(fd)
+	}
+}
+
+// keeperFd is the socket to this daemon's keeper, or -1 without one.
+func keeperFd() int {
+	fd, err := strconv.Atoi(os.Getenv(envKeeper))
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+// handToKeeper sends the keeper (its socket fd) what a later daemon
+// takes the mount over with: the connection conn, its INIT, the store's
+// root store and the journal journal, and the restarts survived.
+func handToKeeper(fd, conn int, init []byte, store, journal, restarts int) error {
+	initFd, err := fuseconn.InitFile(init)
+	if err != nil {
+		return fmt.Errorf("hand the mount to the keeper: %w", err)
+	}
+	defer unix.Close(initFd)
+	msg, err := json.Marshal(keptMsg{Restarts: restarts})
+	if err != nil {
+		return err
+	}
+	if err := unix.Sendmsg(fd, msg, unix.UnixRights(conn, initFd, store, journal), nil, 0); err != nil {
+		return fmt.Errorf("hand the mount to the keeper: %w", err)
+	}
+	return nil
+}
