@@ -132,6 +132,9 @@ func Adopt(dir string, opt Options, mo MountOptions, h Handover) (*Server, error
 		s.closeConn()
 		return fail(err)
 	}
+	if opt.OnServe != nil {
+		opt.OnServe(s.conn, s.init)
+	}
 	go s.srv.Serve()
 	if err := fuseconn.Resend(s.conn); err != nil {
 		opt.Log.Warn("requests the earlier daemon read and never answered are lost", "err", err)

@@ -51,6 +51,12 @@ type Options struct {
 	// namespace (its FUSE unique): the journal's, whose resend after a
 	// crash is answered, not applied again. nil: none.
 	OnDone func(unique uint64)
+	// OnServe is called with the daemon's descriptor of the connection
+	// and the kernel's INIT once the connection is made or adopted,
+	// before the first request is read (a keeper is handed them: no
+	// request can end this daemon before). nil: none; not called for a
+	// connection fusermount made.
+	OnServe func(conn int, init []byte)
 }
 
 // Life is what stats say of the daemon's life.

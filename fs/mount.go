@@ -54,7 +54,7 @@ func Mount(dir string, opt Options, mo MountOptions) (*Server, error) {
 		return nil, fmt.Errorf("mountpoint %s is not a directory: %w", dir, syscall.ENOTDIR)
 	}
 	fsys, root, options := newFilesystem(opt, mo)
-	s, err := serve(dir, fsName(mo), root, options, opt.OnBacking, opt.OnDone)
+	s, err := serve(dir, fsName(mo), root, options, opt)
 	if err != nil {
 		fsys.forget.stop()
 		return nil, err
@@ -131,14 +131,14 @@ func (s *Server) started(fsys *filesystem, opt Options) (*Server, error) {
 // serve mounts root at dir with a connection the daemon holds itself
 // (fuseconn), between the kernel and go-fuse's bridge the kernel's view
 // (kernel.go), and serves it.
-func serve(dir, fsName string, root fusefs.InodeEmbedder, options *fusefs.Options, onBacking func(uint64, int32), onDone func(uint64)) (*Server, error) {
+func serve(dir, fsName string, root fusefs.InodeEmbedder, options *fusefs.Options, opt Options) (*Server, error) {
 	mo := &options.MountOptions
 	kopts := append([]string{fmt.Sprintf("max_read=%d", maxWrite)}, mo.Options...)
 	if mo.AllowOther {
 		kopts = append(kopts, "allow_other")
 	}
 	k := newKernel(fusefs.NewNodeFS(root, options))
-	k.onBacking, k.onDone = onBacking, onDone
+	k.onBacking, k.onDone = opt.OnBacking, opt.OnDone
 	fd, err := fuseconn.Mount(dir, fsName, mo.Name, kopts)
 	if errors.Is(err, syscall.EPERM) {
 		// Not privileged: go-fuse mounts through fusermount, and the
@@ -171,6 +171,9 @@ func serve(dir, fsName string, root fusefs.InodeEmbedder, options *fusefs.Option
 		return fail(err)
 	}
 	k.unregister = s.srv.UnregisterBackingFd
+	if opt.OnServe != nil {
+		opt.OnServe(s.conn, s.init)
+	}
 	go s.srv.Serve()
 	if err := s.srv.WaitMount(); err != nil {
 		return fail(err)

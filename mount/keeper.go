@@ -93,13 +93,17 @@ func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger) (code int, err
 		if err != nil {
 			return 0, fmt.Errorf("keeper: start the daemon: %w", err)
 		}
-		started := time.Now()
-		held, err = keepWhile(cmd, mine, held, sigs, log)
+		started, restart := time.Now(), held != nil
+		var handed bool
+		held, handed, err = keepWhile(cmd, mine, held, sigs, log)
 		if err != nil {
 			return 0, err
 		}
 		st := cmd.ProcessState.Sys().(syscall.WaitStatus)
-		if !st.Signaled() && st.ExitStatus() != 2 {
+		// A daemon started again that fails before it takes the mount
+		// over is tried again, as a crash is.
+		failedRestart := restart && !handed && st.ExitStatus() != 0
+		if !st.Signaled() && st.ExitStatus() != 2 && !failedRestart {
 			return st.ExitStatus(), nil
 		}
 		if held == nil {
@@ -119,25 +123,18 @@ func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger) (code int, err
 }
 
 // keepWhile takes the sets the daemon cmd hands over (sock) while it
-// runs, passes stop signals on, and reaps it. It returns the last set:
-// sets still queued when the daemon died are read before it returns.
-func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, log *slog.Logger) (*keptSet, error) {
+// runs, passes stop signals on, and reaps it. It returns the last set,
+// and whether cmd handed one: sets still queued when the daemon died are
+// read before it returns.
+func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, log *slog.Logger) (_ *keptSet, handed bool, _ error) {
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
-		return held, fmt.Errorf("keeper: pidfd_open: %w", err)
+		return held, false, fmt.Errorf("keeper: pidfd_open: %w", err)
 	}
 	defer unix.Close(pidfd)
-	// A signal wakes the poll through a pipe.
-	wake := make([]int, 2)
-	if err := unix.Pipe2(wake, unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return held, fmt.Errorf("keeper: pipe: %w", err)
-	}
-	defer unix.Close(wake[0])
-	defer unix.Close(wake[1])
+	// Stop signals go to the daemon, whose exit ends the poll.
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -154,7 +151,7 @@ func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, lo
 	for exited := false; !exited; {
 		fds := []unix.PollFd{{Fd: int32(sock), Events: unix.POLLIN}, {Fd: int32(pidfd), Events: unix.POLLIN}}
 		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
-			return held, fmt.Errorf("keeper: poll: %w", err)
+			return held, handed, fmt.Errorf("keeper: poll: %w", err)
 		}
 		exited = fds[1].Revents != 0
 		// After the exit, every set still queued is read (the last one
@@ -169,7 +166,7 @@ func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, lo
 				continue
 			}
 			held.close()
-			held = set
+			held, handed = set, true
 			log.Debug("keeper: holding the mount", "restarts", set.restarts)
 			if !exited {
 				break
@@ -177,7 +174,8 @@ func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, lo
 		}
 	}
 	cmd.Wait()
-	return held, nil
+	log.Info("keeper: the daemon ended", "status", cmd.ProcessState.String(), "pid", cmd.Process.Pid)
+	return held, handed, nil
 }
 
 // recvKept reads one set from sock, without waiting (EAGAIN: none).

@@ -205,6 +205,7 @@ func start(opt Options) (_ *parts, err error) {
 	}
 	if p.journal != nil {
 		fopt.OnBacking, fopt.OnDone = p.journal.j.Backing, p.journal.requestDone
+		fopt.OnServe = func(conn int, init []byte) { p.handToKeeper(keeper, conn, init, log) }
 	}
 	mo := fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)}
 	if inh != nil {
@@ -223,8 +224,11 @@ func start(opt Options) (_ *parts, err error) {
 	} else {
 		p.srv, err = fs.Mount(opt.Dir, fopt, mo)
 	}
+
 	if err == nil && keeper >= 0 {
-		p.handToKeeper(keeper, log)
+		if _, _, ok := p.srv.Connection(); !ok {
+			log.Warn("keeper: the connection was made by fusermount and dies with this daemon: a crash ends the mount")
+		}
 	}
 	if errors.Is(err, fs.ErrNoPassthrough) {
 		return nil, fmt.Errorf("%w; mrfs needs it for zero-copy mmap: run as root on Linux >= 6.9, or set mount.zero_copy = false for the degraded mode (no mmap)", err)
@@ -256,11 +260,10 @@ func managerOptions(c config.Config, budget uint64, st store.Store, ev buffer.Ev
 // handToKeeper hands the keeper what a daemon started after this one
 // dies takes the mount over with; a mount it cannot take over dies with
 // this daemon, as the log says.
-func (p *parts) handToKeeper(keeper int, log *slog.Logger) {
-	conn, init, ok := p.srv.Connection()
+func (p *parts) handToKeeper(keeper, conn int, init []byte, log *slog.Logger) {
 	ls, lasting := p.store.(store.Lasting)
-	if !ok || !lasting {
-		log.Warn("keeper: this mount cannot outlive its daemon (mounted by fusermount, or the memfd store): a crash ends it")
+	if !lasting {
+		log.Warn("keeper: this mount cannot outlive its daemon (the memfd store): a crash ends it")
 		return
 	}
 	sfd, err := ls.Handover()

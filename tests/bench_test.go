@@ -6,7 +6,8 @@ package tests
 //   - mmap read/write bandwidth of mrfs files vs plain memfd mappings;
 //   - sequential read()/write() of mrfs files vs tmpfs files (/dev/shm);
 //   - create+ftruncate(4 KiB)+close+unlink per second vs a raw
-//     memfd_create+ftruncate+mmap+mlock+munlock+munmap+close loop.
+//     memfd_create+ftruncate+mmap+mlock+munlock+munmap+close loop;
+//   - the same cycle under a keeper (journaled) vs without.
 //
 // Two things on this kind of machine (a 2-vCPU VM shared with others)
 // make a naive A-then-B comparison measure something other than mrfs:
@@ -118,6 +119,7 @@ func BenchmarkRatios(b *testing.B) {
 	b.Run("seq", func(b *testing.B) { withDaemon(b, benchSeqIO) })
 	b.Run("create", func(b *testing.B) { withDaemon(b, benchCreate) })
 	b.Run("pool", func(b *testing.B) { withDaemon(b, benchPool) })
+	b.Run("keeper", benchKeeper)
 	printSummary()
 }
 
@@ -450,28 +452,7 @@ func benchCreate(b *testing.B, d *daemon) {
 		b.Fatal(err)
 	}
 
-	// Raw syscalls on both sides: os.File would add a poller
-	// registration attempt and finalizers to mrfs's side only.
-	seq := 0
-	mrfsBatch := func(b *testing.B) {
-		for range createBatch {
-			seq++
-			p := d.mnt + "/c" + strconv.Itoa(seq)
-			fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
-			if err != nil {
-				b.Fatalf("create %s: %v", p, err)
-			}
-			if err := unix.Ftruncate(fd, createSize); err != nil {
-				b.Fatalf("ftruncate %s: %v", p, err)
-			}
-			if err := unix.Close(fd); err != nil {
-				b.Fatalf("close %s: %v", p, err)
-			}
-			if err := unix.Unlink(p); err != nil {
-				b.Fatalf("unlink %s: %v", p, err)
-			}
-		}
-	}
+	mrfsBatch := createCycles(d)
 	// rawBatch is what the daemon does for a buffer, without FUSE: a
 	// 4 KiB memfd, mapped shared and pinned, then released.
 	rawBatch := func(b *testing.B) {
@@ -511,6 +492,48 @@ func benchCreate(b *testing.B, d *daemon) {
 			b.Errorf("after the create loop: %d buffers, %d bytes pinned; want 0 and 0", st.Buffers, st.PinnedBytes)
 		}
 	})
+}
+
+// createCycles is a round of createBatch cycles on d: create,
+// ftruncate to 4 KiB (registered), close, unlink. Raw syscalls: os.File
+// would add a poller registration attempt and finalizers to one side.
+func createCycles(d *daemon) func(*testing.B) {
+	seq := 0
+	return func(b *testing.B) {
+		for range createBatch {
+			seq++
+			p := d.mnt + "/c" + strconv.Itoa(seq)
+			fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+			if err != nil {
+				b.Fatalf("create %s: %v", p, err)
+			}
+			if err := unix.Ftruncate(fd, createSize); err != nil {
+				b.Fatalf("ftruncate %s: %v", p, err)
+			}
+			if err := unix.Close(fd); err != nil {
+				b.Fatalf("close %s: %v", p, err)
+			}
+			if err := unix.Unlink(p); err != nil {
+				b.Fatalf("unlink %s: %v", p, err)
+			}
+		}
+	}
+}
+
+// benchKeeper: the create cycle of benchCreate on a mount whose daemon
+// runs under a keeper (mount --keeper: every change and request done is
+// journaled) against one without, two daemons side by side, in turns.
+func benchKeeper(b *testing.B) {
+	plain := startDaemon(b, daemonConfig{Quiet: true})
+	kept := startDaemon(b, daemonConfig{Quiet: true, Keeper: true})
+	tb, tk := alternate(b, createCycles(plain), createCycles(kept))
+	report(b, benchResult{pair: "create 4 KiB, journaled", unit: "ops/s", baseName: "plain", name: "keeper",
+		goal: goal{minRatio: 0.95}}, createBatch, tb, tk)
+	for _, d := range []*daemon{plain, kept} {
+		if code := d.stop(syscall.SIGINT); code != 0 {
+			b.Errorf("mrfs mount exited with status %d after SIGINT, want 0 (%v)", code, d.waitErr)
+		}
+	}
 }
 
 func benchStats(b *testing.B, d *daemon) mrfsStats {

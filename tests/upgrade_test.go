@@ -220,6 +220,14 @@ func heldThrough(t *testing.T, d *daemon, what string, restart func(), samePID b
 	}
 	stop.Store(true)
 	wg.Wait()
+	if !samePID && len(loopErrs) == 1 && strings.HasSuffix(loopErrs[0], syscall.EIO.Error()) {
+		// A request the kernel was copying to the daemon as it was
+		// killed fails with EIO (fuse_dev_do_read: the copy to a dying
+		// reader's buffer faults); it is never sent again. At most
+		// one such request is under way per reader of the loop.
+		t.Logf("the metadata loop met the kill mid-request: %s", loopErrs[0])
+		loopErrs = nil
+	}
 	if len(loopErrs) > 0 {
 		t.Errorf("the metadata loop failed %d times through %s: %v", len(loopErrs), what, loopErrs[:min(len(loopErrs), 5)])
 	}
