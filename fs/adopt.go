@@ -241,16 +241,17 @@ func (k *kernel) restore(raw fuse.RawFileSystem, t *tree.Tree, st KernelState) e
 	}
 	// A file the kernel holds may be mapped, its descriptors closed: its
 	// buffer is held as a zero-copy open holds it, until the FORGET.
-	walk(t.Root(), func(n tree.Node, parent *tree.Dir, name string) {
-		if _, file := n.(*tree.File); !file || st.Nodes[n.Ino()] == 0 {
-			return
+	for ino, n := range st.Nodes {
+		w, ok := where[ino]
+		if n == 0 || !ok {
+			continue
 		}
-		if c := parent.Aux().(*dirNode).GetChild(name); c != nil {
+		if c := w.parent.Aux().(*dirNode).GetChild(w.name); c != nil {
 			if b, ok := c.Operations().(*bufferNode); ok {
 				b.holdInode()
 			}
 		}
-	})
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for node, b := range k.backing {
