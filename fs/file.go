@@ -171,7 +171,8 @@ func (n *bufferNode) fillEntry(out *fuse.EntryOut) {
 }
 
 func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if size, ok := in.GetSize(); ok {
+	size, sizeSet := in.GetSize()
+	if sizeSet {
 		var err error
 		if h, ok := f.(fdHolder); ok {
 			err = h.fd().Truncate(ctx, size) // also after an unlink
@@ -183,8 +184,12 @@ func (n *bufferNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.
 		}
 		n.f.Touch(true)
 	}
-	if err := n.f.SetMeta(change(in)); err != nil {
-		return toErrno(n.fsys.log, "setattr", err)
+	// A truncate alone has its times from Touch, and, as a write's, they
+	// are not journaled (a record less in a create's cycle).
+	if c := change(in); c != (tree.Change{}) || !sizeSet {
+		if err := n.f.SetMeta(c); err != nil {
+			return toErrno(n.fsys.log, "setattr", err)
+		}
 	}
 	n.fillAttr(&out.Attr)
 	n.fillOrphanSize(f, &out.Attr)

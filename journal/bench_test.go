@@ -47,6 +47,7 @@ func BenchmarkJournalCost(b *testing.B) {
 			os.Remove(f.Name())
 			defer f.Close()
 			j = journal.New(f)
+			defer j.Close()
 			bopt.OnKept, topt.Journal = j.Kept, j
 		}
 		mgr := buffer.NewManager(dev, bopt, nil)

@@ -23,10 +23,12 @@ package journal
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -76,7 +78,7 @@ type meta struct {
 type Journal struct {
 	f *os.File
 
-	mu sync.Mutex // guards: end, err, backing, done, and the writes to f
+	mu sync.Mutex // guards: end, err, backing, done, line, win, winOff, and the writes to f
 	// end is the offset the next record goes to.
 	end int64
 	// err is the first write that failed: the records after it are
@@ -90,6 +92,12 @@ type Journal struct {
 	// oldest), for the state records.
 	done []uint64
 	next int
+	// line is the change record being written, kept for the next.
+	line []byte
+	// win maps the file's bytes from winOff on (writeLocked), up to
+	// where the file ends or beyond.
+	win    []byte
+	winOff int64
 }
 
 // keepDone is how many done requests a state record carries: more than
@@ -151,36 +159,12 @@ func (j *Journal) Backing(ino uint64, id int32) { j.put(record{Op: "backing", In
 // kernel's resend of it from the namespace instead of applying it again.
 func (j *Journal) Done(unique uint64) { j.put(record{Op: "done", Unique: unique}) }
 
-// put writes r; a failure is kept for Err.
+// put writes r, a change; a failure is kept for Err.
 func (j *Journal) put(r record) {
-	if err := j.write(r); err != nil {
-		j.mu.Lock()
-		if j.err == nil {
-			j.err = err
-		}
-		j.mu.Unlock()
-	}
-}
-
-// write appends r as one line, in one write.
-func (j *Journal) write(r record) error {
-	if r.Op == "state" {
-		// The backing records written after this copy come after
-		// Since: Replay applies them again.
-		j.mu.Lock()
-		r.Backing = maps.Clone(j.backing)
-		r.Done = slices.Clone(j.done)
-		j.mu.Unlock()
-	}
-	line, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Errorf("journal a %s record: %w", r.Op, err)
-	}
-	line = append(line, '\n')
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.err != nil {
-		return j.err
+		return
 	}
 	switch {
 	case r.Op == "backing" && r.ID != 0:
@@ -193,15 +177,100 @@ func (j *Journal) write(r record) error {
 		j.done[j.next] = r.Unique
 		j.next = (j.next + 1) % keepDone
 	}
-	n, err := j.f.WriteAt(line, j.end)
-	j.end += int64(n)
-	if err != nil {
-		// Part of a line may be there: Replay ignores only a last line
-		// cut short, so nothing may follow it.
-		j.err = fmt.Errorf("journal a %s record: %w", r.Op, err)
+	j.line = append(appendChange(j.line[:0], &r), '\n')
+	j.writeLocked(r.Op, j.line)
+}
+
+// window is how much of the file is mapped at a time. A record is
+// copied into the mapping, not written with pwrite: a system call per
+// record was 1.3 µs of its 1.6 in the mount (BENCHMARKS).
+const window = 1 << 20
+
+// writeLocked appends line, one record ending in its newline.
+func (j *Journal) writeLocked(op string, line []byte) error {
+	if j.err != nil {
 		return j.err
 	}
+	if j.end+int64(len(line)) > j.winOff+int64(len(j.win)) {
+		if err := j.remapLocked(len(line)); err != nil {
+			// (A copy of op: op itself would move every record to the heap.)
+			j.err = fmt.Errorf("journal a %s record: %w", strings.Clone(op), err)
+			return j.err
+		}
+	}
+	p := j.end - j.winOff
+	// The newline last: a record is whole once it is there. A crash in
+	// the copy leaves a last line without one (the pages are the file's:
+	// what was copied is there for the next daemon), which Replay ignores.
+	n := copy(j.win[p:], line[:len(line)-1])
+	j.win[p+int64(n)] = '\n'
+	j.end += int64(len(line))
 	return nil
+}
+
+// remapLocked maps the window of the file that holds the next n bytes,
+// the file grown to cover it (a write past its end would be SIGBUS). Its
+// pages are made as records reach them: what the file holds is what was
+// written, less what Compact freed.
+func (j *Journal) remapLocked(n int) error {
+	if err := j.unmapLocked(); err != nil {
+		return err
+	}
+	page := int64(os.Getpagesize())
+	off := j.end &^ (page - 1)
+	size := max(window, (j.end-off+int64(n)+page-1)&^(page-1))
+	fi, err := j.f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() < off+size {
+		if err := j.f.Truncate(off + size); err != nil {
+			return err
+		}
+	}
+	win, err := unix.Mmap(int(j.f.Fd()), off, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map %d bytes at %d: %w", size, off, err)
+	}
+	j.win, j.winOff = win, off
+	return nil
+}
+
+func (j *Journal) unmapLocked() error {
+	if j.win == nil {
+		return nil
+	}
+	err := unix.Munmap(j.win)
+	j.win = nil
+	return err
+}
+
+// Close unmaps the file; it does not close it, and writes no more.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.err == nil {
+		j.err = errors.New("journal closed")
+	}
+	return j.unmapLocked()
+}
+
+// writeState appends a state record. It is encoded outside the lock
+// (the whole tree): the backing ids and done requests recorded after the
+// copies taken here come after Since, and Replay applies them again.
+func (j *Journal) writeState(st *tree.State, since int64) error {
+	j.mu.Lock()
+	r := record{Op: "state", State: st, Since: since}
+	r.Backing = maps.Clone(j.backing)
+	r.Done = slices.Clone(j.done)
+	j.mu.Unlock()
+	line, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("journal a state record: %w", err)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.writeLocked(r.Op, append(line, '\n'))
 }
 
 // Compact writes a state record that makes every earlier record useless
@@ -215,7 +284,7 @@ func (j *Journal) Compact(save func() (tree.State, error)) error {
 	if err != nil {
 		return fmt.Errorf("compact the journal: %w", err)
 	}
-	if err := j.write(record{Op: "state", State: &st, Since: since}); err != nil {
+	if err := j.writeState(&st, since); err != nil {
 		return fmt.Errorf("compact the journal: %w", err)
 	}
 	// Whole pages below since hold only records the new state makes

@@ -74,6 +74,7 @@ func newJournaled(t *testing.T) *journaled {
 	}
 	x := &journaled{st: s.(store.Lasting), f: memfd(t)}
 	x.j = journal.New(x.f)
+	t.Cleanup(func() { x.j.Close() })
 	x.mgr = buffer.NewManager(dev, buffer.Options{Store: s, Allowed: allRemote, OnKept: x.j.Kept}, nil)
 	t.Cleanup(func() {
 		x.mgr.Close()
@@ -528,4 +529,40 @@ func TestJournalRefusesLost(t *testing.T) {
 	}
 	want, _ := x.tr.State()
 	wantSame(t, "after the pool went", x.replay(t), want)
+}
+
+// TestJournalCrossesWindows: records are copied into a mapping of the
+// file a window at a time; those that cross from one window into the
+// next, and a state bigger than a window, come back whole.
+func TestJournalCrossesWindows(t *testing.T) {
+	x := newJournaled(t)
+	root := x.tr.Root()
+	// Names of every length shift where the records end; 6,000 files
+	// make a state of about 1.5 MiB.
+	for i := range 6000 {
+		if _, err := root.Create(fmt.Sprintf("%0*d", 1+i%200, i), tree.Owner{}, 0o600, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := x.j.Compact(x.tr.Checkpoint); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20000 { // about 2.5 MiB of records
+		at := time.Unix(int64(i), 0)
+		if err := root.SetMeta(tree.Change{Atime: &at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if x.j.Size() < 4<<20 {
+		t.Fatalf("%d bytes written: the test no longer crosses windows", x.j.Size())
+	}
+	want, _ := x.tr.State()
+	wantSame(t, "after 26,000 changes", x.replay(t), want)
+	var st unix.Stat_t
+	if err := unix.Fstat(int(x.f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size < x.j.Size() {
+		t.Errorf("the file is %d bytes long and %d were written", st.Size, x.j.Size())
+	}
 }

@@ -98,5 +98,6 @@ func (jl *journaling) close() {
 		close(jl.stop)
 		<-jl.done
 	}
+	jl.j.Close()
 	jl.f.Close()
 }
