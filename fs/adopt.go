@@ -35,11 +35,23 @@ type Handover struct {
 
 // Pause holds new requests (they wait, unanswered) and waits up to
 // timeout for those under way: EBUSY, and nothing held, when they do not
-// end by then. The kernel's view changes only by FORGETs meanwhile.
-func (s *Server) Pause(timeout time.Duration) error { return s.kernel.gate.close(timeout) }
+// end by then. The kernel's view changes only by FORGETs meanwhile. The
+// names the kernel is told to drop wait too, from before the requests do
+// (forgetter.pause).
+func (s *Server) Pause(timeout time.Duration) error {
+	s.forget.pause()
+	if err := s.kernel.gate.close(timeout); err != nil {
+		s.forget.resume()
+		return err
+	}
+	return nil
+}
 
 // Resume lets requests through again after a Pause.
-func (s *Server) Resume() { s.kernel.gate.open() }
+func (s *Server) Resume() {
+	s.kernel.gate.open()
+	s.forget.resume()
+}
 
 // Handover calls then with what a successor needs, from a paused server
 // whose tree is t; FORGETs wait until then returns (it executes the

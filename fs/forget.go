@@ -25,14 +25,18 @@ type forgetter struct {
 	start time.Time
 	wake  chan struct{} // a file queued to an empty queue, or stop
 
-	mu sync.Mutex // guards: queue, stopped
+	mu sync.Mutex // guards: queue, stopped, paused
 	// queue is in the order the files were added, so by due time; a file
 	// looked up again while queued is queued again (its first turn finds
 	// the name still used, or already dropped: harmless).
 	queue   []forgetEntry
 	stopped bool
+	paused  bool
 
-	drop func(dir *tree.Dir, name string) // tells the kernel
+	// dropping is held while the kernel is told (drop), so that pause
+	// can wait for it. Lock order: dropping, then mu.
+	dropping sync.Mutex
+	drop     func(dir *tree.Dir, name string) // tells the kernel
 }
 
 type forgetEntry struct {
@@ -75,6 +79,31 @@ func (q *forgetter) stop() {
 	}
 }
 
+// pause stops the drops until resume, and waits for one under way. The
+// kernel takes the directory's lock to drop a name, which a LOOKUP or a
+// READDIR under way holds until the daemon answers it: a daemon about to
+// stop answering (an upgrade's gate) pauses first, or a drop would wait
+// for an answer that never comes, and the exec, which waits for every
+// thread, with it.
+func (q *forgetter) pause() {
+	q.mu.Lock()
+	q.paused = true
+	q.mu.Unlock()
+	q.dropping.Lock()
+	defer q.dropping.Unlock()
+}
+
+// resume lets the drops go on after pause.
+func (q *forgetter) resume() {
+	q.mu.Lock()
+	q.paused = false
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
 func (q *forgetter) run() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -83,6 +112,11 @@ func (q *forgetter) run() {
 		if q.stopped {
 			q.mu.Unlock()
 			return
+		}
+		if q.paused {
+			q.mu.Unlock()
+			<-q.wake
+			continue
 		}
 		queued := len(q.queue) > 0
 		var wait time.Duration
@@ -108,10 +142,18 @@ func (q *forgetter) run() {
 			case <-timer.C:
 			}
 		default:
+			q.dropping.Lock()
+			q.mu.Lock()
+			paused := q.paused
+			if paused { // since it was taken from the queue: its turn is next
+				q.queue = append([]forgetEntry{e}, q.queue...)
+			}
+			q.mu.Unlock()
 			// An unlinked file's name is gone from the kernel already.
-			if dir, name := e.f.Name(); dir != nil {
+			if dir, name := e.f.Name(); dir != nil && !paused {
 				q.drop(dir, name)
 			}
+			q.dropping.Unlock()
 		}
 	}
 }

@@ -36,6 +36,8 @@ type Server struct {
 	// init is the kernel's INIT.
 	conn int
 	init []byte
+	// forget drops the kernel's names of unused files (forget.go).
+	forget *forgetter
 }
 
 // ErrNoPassthrough means the kernel or the daemon's privileges do not
@@ -115,6 +117,7 @@ func fsName(mo MountOptions) string {
 // started finishes a mount that serves: the forgetter ends with it, and
 // zero copy must work.
 func (s *Server) started(fsys *filesystem, opt Options) (*Server, error) {
+	s.forget = fsys.forget
 	go func() {
 		s.srv.Wait()
 		fsys.forget.stop()

@@ -87,6 +87,16 @@ func gcHeadroom(log *slog.Logger) uint64 {
 // Logged at warn.
 const publishDelayEnv = "MRFS_TEST_PUBLISH_DELAY"
 
+// upgradeHoldEnv is a test hook: a duration an upgrade holds the
+// requests before it hands the mount over, so that what comes meanwhile
+// (lookups, the names the daemon drops) meets the held gate. Logged at
+// warn.
+const upgradeHoldEnv = "MRFS_TEST_UPGRADE_HOLD"
+
+func upgradeHold(log *slog.Logger) time.Duration {
+	return testDelay(log, upgradeHoldEnv, "an upgrade holds the requests a while before it hands over")
+}
+
 func chunkDelay(log *slog.Logger) time.Duration {
 	return testDelay(log, chunkDelayEnv, "big registrations pause after each chunk")
 }

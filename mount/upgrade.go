@@ -325,6 +325,7 @@ func (p *parts) upgrade(binary string, log *slog.Logger) error {
 		return err
 	}
 	defer p.srv.Resume()
+	time.Sleep(upgradeHold(log))
 	st, err := p.tree.State()
 	if err != nil {
 		return err

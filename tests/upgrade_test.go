@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -308,6 +309,62 @@ func heldThrough(t *testing.T, d *daemon, what string, restart func(), samePID b
 	})
 	if code := d.stop(syscall.SIGTERM); code != 0 {
 		t.Errorf("the daemon after %s exited %d; stderr:\n%s", what, code, d.stderr)
+	}
+}
+
+// TestUpgradeWhileNamesDrop: upgrades while the daemon tells the kernel
+// to drop the names of files made a second before (fs/forget.go) and a
+// client looks names up in the same directory. The kernel drops a name
+// under the directory's lock, which a lookup holds until the daemon
+// answers it: an upgrade that held the lookups while a drop was under way
+// never executed the new program (the exec waits for every thread, and
+// that one for the lookup). Every upgrade finishes.
+func TestUpgradeWhileNamesDrop(t *testing.T) {
+	t.Parallel()
+	// Each upgrade holds the requests a second (a big namespace's save
+	// takes as long): lookups and drops meet the held gate.
+	d := startDaemon(t, daemonConfig{Quiet: true, Env: []string{"MRFS_TEST_UPGRADE_HOLD=1s"}})
+	var stop atomic.Bool
+	var made atomic.Int64
+	var wg sync.WaitGroup
+	defer func() {
+		stop.Store(true)
+		wg.Wait()
+	}()
+	name := func(i int64) string { return d.path(strconv.FormatInt(i, 10)) }
+	// Files made all along: their names drop a second later, all along.
+	wg.Go(func() {
+		for i := int64(0); !stop.Load(); i++ {
+			fd, err := unix.Open(name(i), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+			if err != nil {
+				t.Errorf("create: %v", err)
+				return
+			}
+			unix.Close(fd)
+			made.Store(i + 1)
+		}
+	})
+	// Lookups of names dropped already (the kernel asks the daemon).
+	for w := range 2 {
+		wg.Go(func() {
+			for i := int64(w); !stop.Load(); i++ {
+				if n := made.Load(); n > 0 {
+					var st unix.Stat_t
+					unix.Stat(name(i%n), &st)
+				}
+			}
+		})
+	}
+	time.Sleep(1500 * time.Millisecond) // the drops are under way
+	for r := range 8 {
+		// A hang is an abort, not a test stuck in the kernel.
+		hung := time.AfterFunc(20*time.Second, d.abort)
+		out, err := upgrade(t, d)
+		hung.Stop()
+		if err != nil || !strings.Contains(out, "upgraded in place") {
+			t.Fatalf("upgrade %d while names drop: %v: %s", r+1, err, out)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
