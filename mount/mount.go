@@ -122,13 +122,16 @@ func start(opt Options) (_ *parts, err error) {
 	}
 	// An upgrade in place executed this program: the mount, its store and
 	// its namespace are taken over, not made.
+	if err := takeFdStore(); err != nil {
+		log.Warn("systemd's file descriptor store", "err", err)
+	}
 	inh, err := takeInherited()
 	if err != nil {
 		return nil, err
 	}
 	p.adopted = inh != nil
 	keeper := keeperFd()
-	if keeper >= 0 {
+	if keeper >= 0 || fdStore() {
 		if p.journal, err = newJournaling(); err != nil {
 			return nil, err
 		}
@@ -205,7 +208,7 @@ func start(opt Options) (_ *parts, err error) {
 	}
 	if p.journal != nil {
 		fopt.OnBacking, fopt.OnDone = p.journal.j.Backing, p.journal.requestDone
-		fopt.OnServe = func(conn int, init []byte) { p.handToKeeper(keeper, conn, init, log) }
+		fopt.OnServe = func(conn int, init []byte) { p.handOver(keeper, conn, init, log) }
 	}
 	mo := fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)}
 	if inh != nil {
@@ -225,9 +228,9 @@ func start(opt Options) (_ *parts, err error) {
 		p.srv, err = fs.Mount(opt.Dir, fopt, mo)
 	}
 
-	if err == nil && keeper >= 0 {
+	if err == nil && p.journal != nil {
 		if _, _, ok := p.srv.Connection(); !ok {
-			log.Warn("keeper: the connection was made by fusermount and dies with this daemon: a crash ends the mount")
+			log.Warn("the connection was made by fusermount and dies with this daemon: a crash ends the mount")
 		}
 	}
 	if errors.Is(err, fs.ErrNoPassthrough) {
@@ -257,22 +260,27 @@ func managerOptions(c config.Config, budget uint64, st store.Store, ev buffer.Ev
 	}
 }
 
-// handToKeeper hands the keeper what a daemon started after this one
-// dies takes the mount over with; a mount it cannot take over dies with
-// this daemon, as the log says.
-func (p *parts) handToKeeper(keeper, conn int, init []byte, log *slog.Logger) {
+// handOver hands the keeper (keeper >= 0) or systemd's store what a
+// daemon started after this one dies takes the mount over with; a mount
+// it cannot take over dies with this daemon, as the log says.
+func (p *parts) handOver(keeper, conn int, init []byte, log *slog.Logger) {
 	ls, lasting := p.store.(store.Lasting)
 	if !lasting {
-		log.Warn("keeper: this mount cannot outlive its daemon (the memfd store): a crash ends it")
+		log.Warn("this mount cannot outlive its daemon (the memfd store): a crash ends it")
 		return
 	}
 	sfd, err := ls.Handover()
 	if err == nil {
-		err = handToKeeper(keeper, conn, init, sfd, int(p.journal.f.Fd()), p.life.restarts)
+		jfd := int(p.journal.f.Fd())
+		if keeper >= 0 {
+			err = handToKeeper(keeper, conn, init, sfd, jfd, p.life.restarts)
+		} else {
+			err = handToFdStore(conn, init, !p.adopted, sfd, jfd, p.life.restarts)
+		}
 		unix.Close(sfd)
 	}
 	if err != nil {
-		log.Error("keeper: a crash would end this mount", "err", err)
+		log.Error("a crash would end this mount", "err", err)
 	}
 }
 
@@ -305,6 +313,14 @@ func (p *parts) close() {
 // every region deregistered and every PD deallocated, the device
 // closed, then the unmount.
 func (p *parts) teardown(opt Options, unmounted <-chan struct{}, errs []error) error {
+	if p.journal != nil && fdStore() {
+		// A mount torn down is not to be taken over: systemd keeps
+		// nothing of it (with FileDescriptorStorePreserve= it would
+		// pass it to the next start).
+		if err := dropFdStore(p.life.restarts); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	p.watch.Close() // no device leaves or joins from here on
 	if err := p.pub.close(); err != nil {
 		errs = append(errs, fmt.Errorf("publish: %w", err))

@@ -86,6 +86,7 @@ var handed struct {
 // place: it adopts a mount rather than making one (and is not to go to
 // the background again).
 func Restarted() bool {
+	takeFdStore()
 	handed.Lock()
 	defer handed.Unlock()
 	return handed.in != nil || os.Getenv(envState) != "" || os.Getenv(envJournal) != ""

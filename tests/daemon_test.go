@@ -62,6 +62,10 @@ type daemonConfig struct {
 	Keeper bool
 	// Hang replaces hangTimeout for a test that uses its mount longer.
 	Hang time.Duration
+	// FakeSystemd runs the daemon under a stand-in for systemd with an
+	// fd store (fakeSystemd), which writes the names it keeps to this
+	// file.
+	FakeSystemd string
 }
 
 func (c daemonConfig) toml() string {
@@ -113,12 +117,21 @@ func startDaemon(t testing.TB, cfg daemonConfig) *daemon {
 	if cfg.Keeper {
 		args = slices.Insert(args, len(cfg.Wrapper)+2, "--keeper")
 	}
+	var env []string
+	if cfg.FakeSystemd != "" {
+		self, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{self}, args...)
+		env = append(env, fakeSystemdEnv+"="+cfg.FakeSystemd)
+	}
 	d := &daemon{t: t, mnt: mnt, cfgPath: cfgPath, stderr: &syncBuffer{}, done: make(chan struct{}), watchdog: make(chan struct{}), hang: cfg.Hang}
 	if d.hang == 0 {
 		d.hang = hangTimeout
 	}
 	d.cmd = exec.Command(args[0], args[1:]...)
-	d.cmd.Env = append(os.Environ(), cfg.Env...)
+	d.cmd.Env = append(append(os.Environ(), env...), cfg.Env...)
 	d.cmd.Stdout = d.stderr
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {

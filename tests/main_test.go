@@ -52,6 +52,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(churnEnv) != "" {
 		os.Exit(churnWorker()) // a user of TestSharedMountChurn
 	}
+	if os.Getenv(fakeSystemdEnv) != "" {
+		os.Exit(fakeSystemd()) // TestCrashUnderFdStore's service manager
+	}
 	switch {
 	case os.Geteuid() != 0:
 		skipReason = "mrfs end-to-end tests need root (FUSE mount, pagemap PFNs)"

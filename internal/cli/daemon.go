@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mrfs/internal/config"
+	"mrfs/internal/sdnotify"
 )
 
 // readyFDEnv names the descriptor on which a daemon's child reports that
@@ -170,7 +171,7 @@ func (s *service) ready(dir string, sigs chan os.Signal) error {
 	}
 	s.isReady = true
 	if !s.background {
-		if err := sdNotify("READY=1\nSTATUS=serving " + dir); err != nil {
+		if err := sdnotify.Notify("READY=1\nSTATUS=serving " + dir); err != nil {
 			s.log.Warn("systemd notification failed", "err", err)
 		}
 		return nil
@@ -208,7 +209,7 @@ func (s *service) ready(dir string, sigs chan os.Signal) error {
 // stopping is called when the teardown starts.
 func (s *service) stopping() {
 	if !s.background && s.isReady {
-		if err := sdNotify("STOPPING=1"); err != nil {
+		if err := sdnotify.Notify("STOPPING=1"); err != nil {
 			s.log.Warn("systemd notification failed", "err", err)
 		}
 	}

@@ -144,7 +144,11 @@ func manPage(w io.Writer) {
 	p(".SH SYSTEMD")
 	p("%s", text(`Under systemd, run mrfs mount in the foreground as a Type=notify service: it sends READY=1 to $NOTIFY_SOCKET `+
 		`once the mount answers and STOPPING=1 when it starts to tear down. contrib/mrfs@.service in the source is a template `+
-		`whose instance is the escaped mount point (systemctl start mrfs@mnt-mr) and whose config is /etc/mrfs/INSTANCE.toml.`))
+		`whose instance is the escaped mount point (systemctl start mrfs@mnt-mr) and whose config is /etc/mrfs/INSTANCE.toml. `+
+		`With a file descriptor store ($FDSTORE of at least 4: FileDescriptorStoreMax=, which the template sets) the daemon keeps its `+
+		`FUSE connection, its buffers' store and a journal of its namespace there; after a crash, the daemon systemd starts again `+
+		`(Restart=on-failure) takes the mount over with every buffer's bytes and name (keys are new), as under mrfs mount --keeper. `+
+		`systemctl reload runs mrfs upgrade. mrfs mount clears a dead mrfs mount (ENOTCONN) it finds at its mount point.`))
 	p(".SH LOGGING")
 	p("%s", text(`log.output says where the log goes: stderr (the default), syslog, or an absolute file path (appended to). `+
 		`A daemon in the background (--daemon, mount(8)) has no stderr: there stderr means syslog, and when syslog cannot be `+
@@ -152,7 +156,12 @@ func manPage(w io.Writer) {
 	p(".SH ENVIRONMENT")
 	p(".TP")
 	p("%s", bold("NOTIFY_SOCKET"))
-	p("%s", text("The service manager's socket (sd_notify(3)); mrfs mount in the foreground reports READY=1 and STOPPING=1 to it."))
+	p("%s", text("The service manager's socket (sd_notify(3)); mrfs mount in the foreground reports READY=1 and STOPPING=1 to it, and "+
+		"hands its mount to the file descriptor store (FDSTORE=1) when there is one."))
+	p(".TP")
+	p("%s", bold("FDSTORE, LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID"))
+	p("%s", text("The size of the service manager's file descriptor store, and the descriptors it passes a daemon it starts again "+
+		"(sd_listen_fds(3)): mrfs-fuse, mrfs-fuse-init, mrfs-store and mrfs-journal.N take a mount over."))
 	p(".TP")
 	p("%s", bold(tokenEnv))
 	p("%s", text("The PD token mrfs remote presents when --token-file is not given. A command line is readable by every user of the host, so there is no --token."))

@@ -74,6 +74,11 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		return err
 	}
 	defer func() { svc.close(err) }()
+	if !restarted {
+		if err := clearDeadMount(dir, svc.log); err != nil {
+			return err
+		}
+	}
 
 	// Subscribe before anything is pinned or mounted: a signal that comes
 	// while mounting is then handled by the teardown, instead of killing

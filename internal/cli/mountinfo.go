@@ -2,11 +2,16 @@ package cli
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // mrfsFSType is how an mrfs mount appears in /proc/self/mountinfo.
@@ -60,4 +65,36 @@ func unescapeMountinfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// deadWait bounds how long clearDeadMount waits for a mount to answer.
+const deadWait = 2 * time.Second
+
+// clearDeadMount detaches the mrfs mount a daemon that died left at dir
+// (every access to it fails with ENOTCONN), so that a new one mounts
+// there: what a unit started again after its daemon's crash, or a user,
+// finds. Any other mount at dir is left, and mounting over it fails as it
+// would; so does one whose connection lives with nobody serving it.
+func clearDeadMount(dir string, log *slog.Logger) error {
+	if fstype, _, err := mountAt(dir); err != nil || fstype != mrfsFSType {
+		return err
+	}
+	answer := make(chan error, 1)
+	go func() {
+		var st unix.Statfs_t
+		answer <- unix.Statfs(dir, &st)
+	}()
+	select {
+	case err := <-answer:
+		if !errors.Is(err, unix.ENOTCONN) {
+			return nil // a live mount: mounting over it says so
+		}
+	case <-time.After(deadWait):
+		return fmt.Errorf("mount at %s: an mrfs mount is there and does not answer (its connection is held with nobody serving it)", dir)
+	}
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("mount at %s: clear the mount of a daemon that died: %w", dir, err)
+	}
+	log.Warn("cleared the mount a daemon that died left here", "mountpoint", dir)
+	return nil
 }

@@ -35,32 +35,6 @@ func recv(t *testing.T, c *net.UnixConn) string {
 	return string(buf[:n])
 }
 
-func TestSdNotify(t *testing.T) {
-	// A path, and an abstract name (@...), as systemd may give either.
-	for _, addr := range []string{filepath.Join(t.TempDir(), "notify"), "@mrfs-test-" + t.Name()} {
-		c := listenNotify(t, addr)
-		t.Setenv("NOTIFY_SOCKET", addr)
-		if err := sdNotify("READY=1\nSTATUS=x"); err != nil {
-			t.Fatalf("%s: %v", addr, err)
-		}
-		if got := recv(t, c); got != "READY=1\nSTATUS=x" {
-			t.Errorf("%s: got %q", addr, got)
-		}
-	}
-	t.Setenv("NOTIFY_SOCKET", "")
-	if err := sdNotify("READY=1"); err != nil {
-		t.Errorf("without NOTIFY_SOCKET: %v, want nothing done", err)
-	}
-	t.Setenv("NOTIFY_SOCKET", "vsock:2:1234")
-	if err := sdNotify("READY=1"); err == nil || !strings.Contains(err.Error(), "AF_UNIX") {
-		t.Errorf("vsock NOTIFY_SOCKET: %v", err)
-	}
-	t.Setenv("NOTIFY_SOCKET", filepath.Join(t.TempDir(), "absent"))
-	if err := sdNotify("READY=1"); err == nil {
-		t.Errorf("absent socket: no error")
-	}
-}
-
 // A stop signal that came while mounting: ready reports nothing and
 // leaves the signal for the teardown. Without one, ready checks that the
 // mount answers as FUSE before it reports.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -48,6 +49,19 @@ func TestSystemdUnit(t *testing.T) {
 		if s[k] != want {
 			t.Errorf("%s=%q, want %q", k, s[k], want)
 		}
+	}
+	// A crash keeps the mount (DESIGN, Restart): systemd starts the
+	// daemon again with what it kept, as many descriptors as it needs,
+	// and nothing unmounts between the crash and the restart.
+	if s["Restart"] != "on-failure" || s["ExecStopPost"] != "" {
+		t.Errorf("Restart=%q ExecStopPost=%q: want on-failure and no unmount after a crash", s["Restart"], s["ExecStopPost"])
+	}
+	if n, err := strconv.Atoi(s["FileDescriptorStoreMax"]); err != nil || n < 4 || s["Environment"] != "FDSTORE="+s["FileDescriptorStoreMax"] {
+		t.Errorf("FileDescriptorStoreMax=%q Environment=%q: want room for 4 descriptors, said as $FDSTORE", s["FileDescriptorStoreMax"], s["Environment"])
+	}
+	reload := strings.Fields(strings.NewReplacer("%f", "/mnt/mr").Replace(s["ExecReload"]))
+	if len(reload) != 3 || filepath.Base(reload[0]) != "mrfs" || reload[1] != "upgrade" || reload[2] != "/mnt/mr" {
+		t.Errorf("ExecReload=%q, want mrfs upgrade of the mount point", s["ExecReload"])
 	}
 	argv := strings.Fields(strings.NewReplacer("%i", "mnt-mr", "%f", "/mnt/mr").Replace(s["ExecStart"]))
 	if len(argv) < 3 || filepath.Base(argv[0]) != "mrfs" || argv[1] != "mount" {
