@@ -279,6 +279,10 @@ func heldThrough(t *testing.T, d *daemon, what string, restart func(), samePID b
 	// A peer with the new keys reads what the old mapping wrote: the new
 	// registration is of the same pages.
 	addr, rkey := keysOf(t, a)
+	// The old mapping's pages are the very pages the new daemon
+	// registered (on rxe0 in the guest: the pages the NIC reaches).
+	faultIn(m)
+	requireSamePages(t, os.Getpid(), sliceAddr(m), now.PID, uintptr(addr), size/pageSize)
 	c := dialPD(t, d.remotePeer(t), "/")
 	rd := make([]byte, 23)
 	if err := c.Read(rd, addr+100, rkey); err != nil || string(rd) != "through the old mapping" {
