@@ -128,13 +128,15 @@ func pauseAfterTeardown(sigs <-chan os.Signal, freed buffer.Freed, log *slog.Log
 // it fails once it has adopted the store and restored the namespace,
 // before serving the connection, as an adoption the kernel refused would
 // (the program before then takes the mount back: FallBack). It is taken
-// out of the environment, so that program does not fail too.
+// out of the environment, so that program does not fail too. Set to a
+// file's path (a keeper's children all have it), the daemon that finds
+// the file removes it and fails: once.
 const adoptFailEnv = "MRFS_TEST_ADOPT_FAIL"
 
 func testAdoptFail(log *slog.Logger) error {
 	v := os.Getenv(adoptFailEnv)
 	os.Unsetenv(adoptFailEnv)
-	if v != "1" {
+	if v != "1" && (!strings.HasPrefix(v, "/") || os.Remove(v) != nil) {
 		return nil
 	}
 	log.Warn("test hook: this program fails to adopt the mount", "hook", adoptFailEnv)

@@ -372,6 +372,39 @@ func TestUpgradeWhileNamesDrop(t *testing.T) {
 	}
 }
 
+// TestKeeperRetriesFailedRestart: a daemon the keeper starts after a
+// crash that fails before it takes the mount over (a test hook fails its
+// adoption, once) is started again, as a crash is: the mount goes on with
+// its files, one restart more.
+func TestKeeperRetriesFailedRestart(t *testing.T) {
+	t.Parallel()
+	once := filepath.Join(t.TempDir(), "fail-once")
+	d := startDaemon(t, daemonConfig{Keeper: true, Env: []string{"MRFS_TEST_ADOPT_FAIL=" + once}})
+	data := patternBytes(64 << 10)
+	if err := os.WriteFile(d.path("kept"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(once, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := readStats(t, d.mnt)
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	hung := time.AfterFunc(30*time.Second, d.abort) // nobody took the mount over
+	defer hung.Stop()
+	waitStats(t, d, "a daemon after the failed restart", func(s mrfsStats) bool { return s.PID != before.PID })
+	if _, err := os.Stat(once); !os.IsNotExist(err) {
+		t.Fatalf("no restarted daemon met the failure hook (%v): the test tests nothing", err)
+	}
+	if s := readStats(t, d.mnt); s.Restarts != 1 {
+		t.Errorf("after a crash and a failed restart: %d restarts, want 1", s.Restarts)
+	}
+	if got, err := os.ReadFile(d.path("kept")); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("a file after a crash and a failed restart: %d bytes, %v", len(got), err)
+	}
+}
+
 // TestUpgradeRefused: what a new program could not take over refuses the
 // upgrade before anything is handed over, with the reason, and the mount
 // serves on as it was: a removed file still open (the kernel holds a node
