@@ -362,7 +362,7 @@ func TestUpgradeWhileNamesDrop(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // the drops are under way
 	for r := range 8 {
 		// A hang is an abort, not a test stuck in the kernel.
-		hung := time.AfterFunc(20*time.Second, d.abort)
+		hung := time.AfterFunc(20*time.Second*slowFactor(), d.abort)
 		out, err := upgrade(t, d)
 		hung.Stop()
 		if err != nil || !strings.Contains(out, "upgraded in place") {
@@ -391,7 +391,7 @@ func TestKeeperRetriesFailedRestart(t *testing.T) {
 	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	hung := time.AfterFunc(30*time.Second, d.abort) // nobody took the mount over
+	hung := time.AfterFunc(30*time.Second*slowFactor(), d.abort) // nobody took the mount over
 	defer hung.Stop()
 	waitStats(t, d, "a daemon after the failed restart", func(s mrfsStats) bool { return s.PID != before.PID })
 	if _, err := os.Stat(once); !os.IsNotExist(err) {
