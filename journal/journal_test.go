@@ -508,6 +508,27 @@ func TestJournalCompactFrees(t *testing.T) {
 	}
 	want, _ := x.tr.State()
 	wantSame(t, "after compaction", x.replay(t), want)
+	// A restart reads what is left, not the holes before it.
+	cf := &countingFile{File: x.f}
+	rec, err := journal.Recover(cf, x.j.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSame(t, "recovered after compaction", rec.Tree, want)
+	if n := cf.read.Load(); n > 4*page {
+		t.Errorf("Recover read %d bytes of a journal compaction left %d bytes of: it reads the holes", n, st.Blocks*512)
+	}
+}
+
+// countingFile counts the bytes read through it.
+type countingFile struct {
+	*os.File
+	read atomic.Int64
+}
+
+func (c *countingFile) ReadAt(p []byte, off int64) (int, error) {
+	c.read.Add(int64(len(p)))
+	return c.File.ReadAt(p, off)
 }
 
 // TestJournalRefusesLost: a pool in the journal makes it unrestorable

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"mrfs/tree"
 )
 
@@ -34,13 +36,22 @@ type Recovered struct {
 	Done map[uint64]bool
 }
 
-// Recover is Replay, with the backing ids the kernel held.
+// Recover is Replay, with the backing ids the kernel held. A file (r
+// with an Fd) is read from its first data on: the offsets only grow, and
+// what compaction punched out before (days of changes, on a busy mount)
+// would take as much memory, as zeros.
 func Recover(r io.ReaderAt, size int64) (Recovered, error) {
-	data := make([]byte, size)
-	if n, err := r.ReadAt(data, 0); err != nil && !(err == io.EOF && int64(n) == size) {
+	start := int64(0)
+	if f, ok := r.(interface{ Fd() uintptr }); ok {
+		if off, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_DATA); err == nil && off <= size {
+			start = off
+		}
+	}
+	data := make([]byte, size-start)
+	if n, err := r.ReadAt(data, start); err != nil && !(err == io.EOF && int64(n) == size-start) {
 		return Recovered{}, fmt.Errorf("read the journal: %w", err)
 	}
-	lines := split(data)
+	lines := split(data, start)
 	// The last whole state record.
 	at := -1
 	var st record
@@ -83,10 +94,11 @@ type line struct {
 	text []byte
 }
 
-// split cuts data into whole lines, skipping the zeros of the pages
-// Compact freed (and a line they cut, which is older than any state it
-// follows) and a last line without its newline.
-func split(data []byte) []line {
+// split cuts data, the journal from offset start on, into whole lines,
+// skipping the zeros of the pages Compact freed (and a line they cut,
+// which is older than any state it follows) and a last line without its
+// newline.
+func split(data []byte, start int64) []line {
 	var out []line
 	off := 0
 	for off < len(data) {
@@ -99,7 +111,7 @@ func split(data []byte) []line {
 			break // cut short by a crash
 		}
 		if !bytes.Contains(data[off:off+nl], []byte{0}) {
-			out = append(out, line{off: int64(off), text: data[off : off+nl]})
+			out = append(out, line{off: start + int64(off), text: data[off : off+nl]})
 		}
 		off += nl + 1
 	}
