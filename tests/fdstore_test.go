@@ -245,7 +245,7 @@ func TestCrashUnderFdStore(t *testing.T) {
 		// is aborted: the test fails instead of hanging in the kernel.
 		hung := time.AfterFunc(30*time.Second*slowFactor(), d.abort)
 		defer hung.Stop()
-		waitStats(t, d, "another daemon after the crash", func(s mrfsStats) bool { return s.PID != before.PID })
+		waitTakenOver(t, d, before.PID)
 	}
 
 	t.Run("held", func(t *testing.T) {

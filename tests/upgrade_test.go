@@ -104,13 +104,40 @@ func TestCrashUnderKeeper(t *testing.T) {
 		if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitStats(t, d, "another daemon after the crash", func(s mrfsStats) bool { return s.PID != before.PID })
+		waitTakenOver(t, d, before.PID)
 		b := make([]byte, 64<<10)
 		if _, err := gone.ReadAt(b, 0); err != nil || !bytes.Equal(b, patternBytes(64<<10)) {
 			t.Errorf("a removed file read through its descriptor after the crash: %v", err)
 		}
 		gone.Close() // its memory goes: heldThrough finds the store as charged
 	}, false)
+}
+
+// waitTakenOver waits until a daemon other than the one with pid (killed)
+// answers d's mount. A request the kernel was copying to the killed
+// daemon fails with EIO (heldThrough): such an answer is asked again.
+func waitTakenOver(t *testing.T, d *daemon, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second * slowFactor())
+	for {
+		raw, err := getxattr(d.mnt, xStats)
+		switch {
+		case err == nil:
+			var s mrfsStats
+			if err := json.Unmarshal([]byte(raw), &s); err != nil {
+				t.Fatalf("user.mrfs.stats: %v", err)
+			}
+			if s.PID != pid {
+				return
+			}
+		case err != syscall.EIO:
+			t.Fatalf("the mount after its daemon (pid %d) was killed: %v", pid, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no daemon took the mount over within %v of the kill of pid %d", 10*time.Second*slowFactor(), pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // heldThrough restarts d's daemon (restart) while a client holds a file
@@ -393,7 +420,7 @@ func TestKeeperRetriesFailedRestart(t *testing.T) {
 	}
 	hung := time.AfterFunc(30*time.Second*slowFactor(), d.abort) // nobody took the mount over
 	defer hung.Stop()
-	waitStats(t, d, "a daemon after the failed restart", func(s mrfsStats) bool { return s.PID != before.PID })
+	waitTakenOver(t, d, before.PID)
 	if _, err := os.Stat(once); !os.IsNotExist(err) {
 		t.Fatalf("no restarted daemon met the failure hook (%v): the test tests nothing", err)
 	}
