@@ -73,7 +73,8 @@ func fromFdStore() error {
 	conn, init, store := take(fdsConn), take(fdsInit), take(fdsStore)
 	newest, journal := -1, -1
 	for name, fds := range got {
-		if n, err := strconv.Atoi(strings.TrimPrefix(name, fdsJournal)); err == nil && strings.HasPrefix(name, fdsJournal) && len(fds) > 0 && n > newest {
+		num, ok := strings.CutPrefix(name, fdsJournal)
+		if n, err := strconv.Atoi(num); ok && err == nil && len(fds) > 0 && n > newest {
 			newest = n
 		}
 	}

@@ -236,25 +236,13 @@ func TestCrashUnderFdStore(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	crash := func(d *daemon) {
-		before := readStats(t, d.mnt)
-		if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		// A mount nobody takes over (the connection held, nobody serving)
-		// is aborted: the test fails instead of hanging in the kernel.
-		hung := time.AfterFunc(30*time.Second*slowFactor(), d.abort)
-		defer hung.Stop()
-		waitTakenOver(t, d, before.PID)
-	}
-
 	t.Run("held", func(t *testing.T) {
 		t.Parallel()
 		state := filepath.Join(t.TempDir(), "fdstore")
 		d := startDaemon(t, daemonConfig{Remote: remoteConfig(), FakeSystemd: state})
 		want("at the start", state, 0)
 		heldThrough(t, d, "the crash", func() {
-			crash(d)
+			killDaemon(t, d)
 			want("after the crash", state, 1)
 		}, false)
 	})
@@ -272,7 +260,7 @@ func TestCrashUnderFdStore(t *testing.T) {
 					t.Fatalf("mrfs upgrade: %v: %s", err, out)
 				}
 			} else {
-				crash(d)
+				killDaemon(t, d)
 			}
 			want(fmt.Sprintf("after restart %d", i+1), state, i+1)
 		}

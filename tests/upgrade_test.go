@@ -100,11 +100,7 @@ func TestCrashUnderKeeper(t *testing.T) {
 		t.Fatal(err)
 	}
 	heldThrough(t, d, "the crash", func() {
-		before := readStats(t, d.mnt)
-		if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		waitTakenOver(t, d, before.PID)
+		killDaemon(t, d)
 		b := make([]byte, 64<<10)
 		if _, err := gone.ReadAt(b, 0); err != nil || !bytes.Equal(b, patternBytes(64<<10)) {
 			t.Errorf("a removed file read through its descriptor after the crash: %v", err)
@@ -113,12 +109,21 @@ func TestCrashUnderKeeper(t *testing.T) {
 	}, false)
 }
 
-// waitTakenOver waits until a daemon other than the one with pid (killed)
-// answers d's mount. A request the kernel was copying to the killed
-// daemon fails with EIO (heldThrough): such an answer is asked again.
-func waitTakenOver(t *testing.T, d *daemon, pid int) {
+// killDaemon SIGKILLs d's daemon and waits until another one (a keeper's,
+// systemd's) answers the mount. A request the kernel was copying to the
+// killed daemon fails with EIO (heldThrough): such an answer is asked
+// again. A mount nobody takes over (its connection held, nobody serving)
+// is aborted then: the test fails instead of hanging in the kernel.
+func killDaemon(t *testing.T, d *daemon) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second * slowFactor())
+	pid := readStats(t, d.mnt).PID
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wait := 30 * time.Second * slowFactor()
+	hung := time.AfterFunc(wait, d.abort)
+	defer hung.Stop()
+	deadline := time.Now().Add(wait)
 	for {
 		raw, err := getxattr(d.mnt, xStats)
 		switch {
@@ -134,7 +139,7 @@ func waitTakenOver(t *testing.T, d *daemon, pid int) {
 			t.Fatalf("the mount after its daemon (pid %d) was killed: %v", pid, err)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no daemon took the mount over within %v of the kill of pid %d", 10*time.Second*slowFactor(), pid)
+			t.Fatalf("no daemon took the mount over within %v of the kill of pid %d", wait, pid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -417,13 +422,7 @@ func TestKeeperRetriesFailedRestart(t *testing.T) {
 	if err := os.WriteFile(once, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	before := readStats(t, d.mnt)
-	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	hung := time.AfterFunc(30*time.Second*slowFactor(), d.abort) // nobody took the mount over
-	defer hung.Stop()
-	waitTakenOver(t, d, before.PID)
+	killDaemon(t, d)
 	if _, err := os.Stat(once); !os.IsNotExist(err) {
 		t.Fatalf("no restarted daemon met the failure hook (%v): the test tests nothing", err)
 	}
