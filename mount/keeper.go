@@ -51,12 +51,29 @@ const (
 	crashWindow = 10 * time.Second
 )
 
+// FirstStart is what only the first daemon a keeper starts is given: its
+// Files at descriptor 4 on (3 is the keeper's socket) and more
+// environment (a background mount's readiness pipe: a daemon started
+// again after a crash has no one waiting for it).
+type FirstStart struct {
+	Files []*os.File
+	Env   []string
+}
+
 // Keep runs the daemon, this program with args, as its child and keeps
 // what the daemon hands it. A daemon killed by a signal, or whose Go
 // runtime died (exit status 2), is started again when the keeper holds
 // its mount, and takes the mount over; a stop signal (sigs) goes to the
-// daemon, whose exit ends the keeper: code is its exit status.
-func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger) (code int, err error) {
+// daemon, whose exit ends the keeper: code is its exit status. Keep
+// closes first's files once the first daemon has them.
+func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger, first FirstStart) (code int, err error) {
+	closeFirst := func() {
+		for _, f := range first.Files {
+			f.Close()
+		}
+		first.Files = nil
+	}
+	defer closeFirst()
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("keeper: socketpair: %w", err)
@@ -85,11 +102,15 @@ func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger) (code int, err
 			cmd.ExtraFiles = append(cmd.ExtraFiles, copies...)
 			cmd.Env = append(cmd.Env, fuseconn.Env(4, 5)...)
 			cmd.Env = append(cmd.Env, envStore+"=6", envJournal+"=7", envRestarts+"="+strconv.Itoa(held.restarts+1))
+		} else {
+			cmd.ExtraFiles = append(cmd.ExtraFiles, first.Files...)
+			cmd.Env = append(cmd.Env, first.Env...)
 		}
 		err := cmd.Start()
 		for _, c := range copies {
 			c.Close()
 		}
+		closeFirst()
 		if err != nil {
 			return 0, fmt.Errorf("keeper: start the daemon: %w", err)
 		}

@@ -308,8 +308,12 @@ func isMounted(mnt string) bool { return fuseDevice(mnt) != "" }
 // unblocks every call on the mount at once without touching it: for a
 // daemon that stopped answering, where even forking umount can hang (the
 // child closes the parent's descriptors of the mount).
-func (d *daemon) abort() {
-	dev := fuseDevice(d.mnt)
+func (d *daemon) abort() { abortMount(d.t, d.mnt) }
+
+// abortMount aborts the FUSE connection of the mount at mnt
+// (/sys/fs/fuse/connections/N/abort): its requests fail with ENOTCONN.
+func abortMount(t testing.TB, mnt string) {
+	dev := fuseDevice(mnt)
 	_, minor, ok := strings.Cut(dev, ":")
 	if !ok {
 		return
@@ -319,7 +323,7 @@ func (d *daemon) abort() {
 		_ = unix.Mount("fusectl", ctl, "fusectl", 0, "")
 	}
 	if err := os.WriteFile(ctl+"/"+minor+"/abort", []byte("1"), 0o200); err != nil {
-		d.t.Logf("abort the FUSE connection %s of %s: %v", dev, d.mnt, err)
+		t.Logf("abort the FUSE connection %s of %s: %v", dev, mnt, err)
 	}
 }
 

@@ -227,6 +227,100 @@ func TestDaemonFlag(t *testing.T) {
 	m.requireTornDown(n)
 }
 
+// TestDaemonFlagKeeper: `mrfs mount --daemon --keeper` returns 0 once
+// the mount answers, the keeper and its daemon both off the caller's
+// stderr, the keeper in its own session; a SIGKILL of the daemon is
+// survived (the keeper starts another, which takes the mount over; what
+// both say is in the log); `mrfs umount` ends the daemon and the keeper.
+func TestDaemonFlagKeeper(t *testing.T) {
+	t.Parallel()
+	m := newBgMount(t, daemonConfig{})
+	cmd := exec.Command(mrfsBin, "mount", "--daemon", "--keeper", "--config", m.cfgPath, m.mnt)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Ready or failed, it returns: a readiness that nobody passes on
+	// would keep it waiting.
+	hung := time.AfterFunc(readyTimeout, func() { cmd.Process.Kill() })
+	state, err := cmd.Process.Wait()
+	hung.Stop()
+	if err != nil || state.ExitCode() != 0 {
+		t.Fatalf("mrfs mount --daemon --keeper: %v, %v", err, state)
+	}
+	if _, err := getxattr(m.mnt, xStats); err != nil {
+		t.Fatalf("mrfs mount --daemon --keeper exited 0 before the mount answered: %v", err)
+	}
+	released := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(stderr); released <- b }()
+	select {
+	case b := <-released:
+		if len(b) > 0 {
+			t.Errorf("mrfs mount --daemon --keeper wrote %q", b)
+		}
+	case <-time.After(stopTimeout):
+		t.Fatalf("the keeper or its daemon still holds the caller's stderr")
+	}
+	pid := readStats(t, m.mnt).PID
+	keeper := procParent(pid)
+	if sid, err := unix.Getsid(keeper); err != nil || sid != keeper {
+		t.Errorf("the keeper %d (the daemon %d's parent) is in session %d (%v), want its own", keeper, pid, sid, err)
+	}
+	if cwd, err := os.Readlink("/proc/" + strconv.Itoa(keeper) + "/cwd"); err != nil || cwd != "/" {
+		t.Errorf("the keeper %d works in %q (%v), want /", keeper, cwd, err)
+	}
+
+	f := filepath.Join(m.mnt, "kept")
+	want := patternBytes(256 << 10)
+	if err := os.WriteFile(f, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	killDaemonAt(t, m.mnt)
+	if got, err := os.ReadFile(f); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("a file read after the daemon's crash: %v (%d bytes)", err, len(got))
+	}
+	next := readStats(t, m.mnt).PID
+	if procParent(next) != keeper {
+		t.Errorf("the daemon %d after the crash is the child of %d, want the keeper %d", next, procParent(next), keeper)
+	}
+	// The keeper's account and the new daemon's log go where the first
+	// daemon's went, not to a stderr nobody reads.
+	m.waitLog(regexp.MustCompile(`keeper: the daemon died; starting another`))
+	m.waitLog(regexp.MustCompile(`pid=` + strconv.Itoa(next) + `\b`))
+
+	if out, err := exec.Command(mrfsBin, "umount", m.mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mrfs umount: %v\n%s", err, out)
+	}
+	for deadline := time.Now().Add(stopTimeout); running(keeper); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the keeper %d still runs %v after the unmount", keeper, stopTimeout)
+		}
+	}
+	if isMounted(m.mnt) {
+		t.Errorf("%s is mounted after mrfs umount", m.mnt)
+	}
+	// The daemon started again is in the background too: its last line
+	// is in the log (where the keeper's is).
+	if n := len(exitedOK.FindAllString(m.log(), -1)); n != 2 {
+		t.Errorf("the log says %d times that a program exited 0, want 2 (the keeper and the last daemon)", n)
+	}
+}
+
+// procParent is the parent of process pid (0 when it is gone).
+func procParent(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
+}
+
 // TestDaemonFlagStoppedWhileMounting: SIGTERM to `mrfs mount --daemon`
 // while its child is mounting reaches the child, which tears down: the
 // command is not killed, and nothing stays mounted. The child is held in

@@ -114,18 +114,21 @@ func TestCrashUnderKeeper(t *testing.T) {
 // killed daemon fails with EIO (heldThrough): such an answer is asked
 // again. A mount nobody takes over (its connection held, nobody serving)
 // is aborted then: the test fails instead of hanging in the kernel.
-func killDaemon(t *testing.T, d *daemon) {
+func killDaemon(t *testing.T, d *daemon) { killDaemonAt(t, d.mnt) }
+
+// killDaemonAt is killDaemon of the mount at mnt, whoever started it.
+func killDaemonAt(t *testing.T, mnt string) {
 	t.Helper()
-	pid := readStats(t, d.mnt).PID
+	pid := readStats(t, mnt).PID
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	wait := 30 * time.Second * slowFactor()
-	hung := time.AfterFunc(wait, d.abort)
+	hung := time.AfterFunc(wait, func() { abortMount(t, mnt) })
 	defer hung.Stop()
 	deadline := time.Now().Add(wait)
 	for {
-		raw, err := getxattr(d.mnt, xStats)
+		raw, err := getxattr(mnt, xStats)
 		switch {
 		case err == nil:
 			var s mrfsStats

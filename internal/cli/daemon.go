@@ -124,11 +124,12 @@ type service struct {
 }
 
 // newService opens the log and, in a daemon's child (background), takes
-// over the readiness pipe.
+// over the readiness pipe. A program in the background without one (an
+// upgrade's, or one a keeper started again) has nobody waiting for it,
+// but logs as a daemon in the background does.
 func newService(cfg config.Log, stderr io.Writer, background bool) (*service, error) {
 	s := &service{background: background}
-	if background {
-		fd := os.Getenv(readyFDEnv)
+	if fd, ok := os.LookupEnv(readyFDEnv); background && ok {
 		n, err := strconv.Atoi(fd)
 		if err != nil || n < 3 {
 			return nil, fmt.Errorf("daemon: %s=%q is not a descriptor", readyFDEnv, fd)
@@ -196,6 +197,9 @@ func (s *service) ready(dir string, sigs chan os.Signal) error {
 		if err := unix.Dup3(int(out.Fd()), fd, 0); err != nil {
 			return fmt.Errorf("daemon: redirect fd %d: %w", fd, err)
 		}
+	}
+	if s.readyPipe == nil {
+		return nil
 	}
 	_, err := s.readyPipe.WriteString(readyMsg)
 	s.readyPipe.Close()

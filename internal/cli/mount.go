@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"io"
@@ -22,7 +23,7 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 	opts := f.String("o", "", "mount `OPTIONS`, comma-separated, as mount(8) takes them: config keys (backend=soft,allow_other,buffers.max_pinned=1GiB) and generic ones; see mrfs(8)")
 	daemon := f.Bool("daemon", false, "go to the background once the mount is ready (exit 0), or exit with the error; the log goes to log.output")
 	f.BoolVar(daemon, "d", false, "short for --daemon")
-	keeper := f.Bool("keeper", false, "run the daemon under a small parent that holds the mount and starts the daemon again if it dies (DESIGN, Restart); not with --daemon")
+	keeper := f.Bool("keeper", false, "run the daemon under a small parent that holds the mount and starts the daemon again if it dies (DESIGN, Restart); with --daemon, the keeper goes to the background")
 	defer func() {
 		// A program an upgrade executed that cannot take the mount over
 		// gives it back to the program before.
@@ -59,17 +60,19 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 		return err
 	}
 	if *keeper {
-		if *daemon {
-			return usageError("--keeper runs in the foreground: not with --daemon")
+		if *daemon && os.Getenv(readyFDEnv) == "" {
+			return daemonize(append([]string{"mount"}, args...), stderr)
 		}
-		return keep(args, stderr)
+		return keep(args, dir, cfg.Log, *daemon, stderr)
 	}
-	// A program an upgrade executed in place is the daemon already.
+	// A program an upgrade executed in place is the daemon already, and
+	// so is one a keeper started again: in the background with nobody
+	// waiting for it to be ready.
 	restarted := mount.Restarted()
 	if *daemon && os.Getenv(readyFDEnv) == "" && !restarted {
 		return daemonize(append([]string{"mount"}, args...), stderr)
 	}
-	svc, err := newService(cfg.Log, stderr, *daemon && !restarted)
+	svc, err := newService(cfg.Log, stderr, *daemon)
 	if err != nil {
 		return err
 	}
@@ -91,8 +94,11 @@ func cmdMount(args []string, stderr io.Writer) (err error) {
 }
 
 // keep runs `mrfs mount` with args but --keeper under a keeper
-// (mount.Keep), which exits as the daemon does.
-func keep(args []string, stderr io.Writer) error {
+// (mount.Keep), which exits as the daemon does. In the background (the
+// child of daemonize), the keeper has the readiness pipe and the log, as
+// a daemon would, and its first daemon (in the background too) reports
+// ready to the keeper, which then reports it on.
+func keep(args []string, dir string, cfg config.Log, background bool, stderr io.Writer) (err error) {
 	child := []string{"mount"}
 	for _, a := range args {
 		if a != "--keeper" && a != "-keeper" {
@@ -102,7 +108,36 @@ func keep(args []string, stderr io.Writer) error {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	code, err := mount.Keep(child, sigs, slog.New(slog.NewTextHandler(stderr, nil)))
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	var first mount.FirstStart
+	if background {
+		// (A log that goes nowhere is the daemon's to warn of: once.)
+		svc, err := newService(cfg, io.Discard, true)
+		if err != nil {
+			return err
+		}
+		defer func() { svc.close(err) }()
+		log = svc.log
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fmt.Errorf("keeper: %w", err)
+		}
+		first = mount.FirstStart{Files: []*os.File{w}, Env: []string{readyFDEnv + "=4"}}
+		relayed := make(chan struct{})
+		defer func() { <-relayed }() // before svc.close, which reads isReady
+		go func() {
+			defer close(relayed)
+			defer r.Close()
+			// Until the first daemon is ready or gone: it closes its end.
+			if msg, _ := io.ReadAll(r); !bytes.Equal(msg, []byte(readyMsg)) {
+				return
+			}
+			if err := svc.ready(dir, make(chan os.Signal, 1)); err != nil {
+				log.Error("keeper: the daemon is ready but the keeper cannot say so", "err", err)
+			}
+		}()
+	}
+	code, err := mount.Keep(child, sigs, log, first)
 	if err != nil {
 		return err
 	}
