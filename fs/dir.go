@@ -145,7 +145,7 @@ func (n *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		fh        fusefs.FileHandle
 		fuseFlags uint32
 	)
-	f, err := n.dir.Create(name, owner(fuse.FromContext(ctx)), mode, func(f *tree.File) error {
+	f, err := n.dir.Create(reqOf(ctx), name, owner(fuse.FromContext(ctx)), mode, func(f *tree.File) error {
 		child = &bufferNode{fsys: n.fsys, f: f}
 		var err error
 		fh, fuseFlags, err = child.newHandle(flags)
@@ -167,7 +167,7 @@ func (n *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 
 func (n *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	var child *dirNode
-	sub, err := n.dir.Mkdir(name, owner(fuse.FromContext(ctx)), mode, func(d *tree.Dir) {
+	sub, err := n.dir.Mkdir(reqOf(ctx), name, owner(fuse.FromContext(ctx)), mode, func(d *tree.Dir) {
 		child = newDirNode(n.fsys, d)
 	})
 	if err != nil {
@@ -182,11 +182,11 @@ func (n *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 }
 
 func (n *dirNode) Rmdir(ctx context.Context, name string) syscall.Errno {
-	return toErrno(n.fsys.log, "rmdir "+name, n.dir.Rmdir(name))
+	return toErrno(n.fsys.log, "rmdir "+name, n.dir.Rmdir(reqOf(ctx), name))
 }
 
 func (n *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
-	return toErrno(n.fsys.log, "unlink "+name, n.dir.Unlink(name))
+	return toErrno(n.fsys.log, "unlink "+name, n.dir.Unlink(reqOf(ctx), name))
 }
 
 func (n *dirNode) Rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -194,7 +194,7 @@ func (n *dirNode) Rename(ctx context.Context, name string, newParent fusefs.Inod
 	if !ok {
 		return syscall.EXDEV
 	}
-	return toErrno(n.fsys.log, "rename "+name, n.dir.Rename(name, dst.dir, newName, flags))
+	return toErrno(n.fsys.log, "rename "+name, n.dir.Rename(reqOf(ctx), name, dst.dir, newName, flags))
 }
 
 // Only buffers and directories exist in mrfs.

@@ -28,7 +28,7 @@ func TestForgetterPause(t *testing.T) {
 	}
 	var files []*tree.File
 	for _, name := range []string{"a", "b"} {
-		f, err := tr.Root().Create(name, tree.Owner{}, 0o600, nil)
+		f, err := tr.Root().Create(0, name, tree.Owner{}, 0o600, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -48,8 +48,8 @@ type Options struct {
 	// daemon restarted after a crash needs. nil: none.
 	OnBacking func(node uint64, id int32)
 	// OnDone is told, before its reply, each request that changed the
-	// namespace (its FUSE unique): the journal's, whose resend after a
-	// crash is answered, not applied again. nil: none.
+	// namespace (its FUSE unique), once applied: a test hook's (the tree
+	// journals the request with the change). nil: none.
 	OnDone func(unique uint64)
 	// OnServe is called with the daemon's descriptor of the connection
 	// and the kernel's INIT once the connection is made or adopted,

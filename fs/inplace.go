@@ -148,7 +148,7 @@ func (n *dirNode) registerAs(ctx context.Context, c tree.Caller, name, target st
 		mode = 0o400
 	}
 	// Its FUSE node is made when the kernel looks the name up.
-	f, err := n.dir.Register(name, c.Owner, mode, src, access, nil)
+	f, err := n.dir.Register(reqOf(ctx), name, c.Owner, mode, src, access, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -1,12 +1,15 @@
 package fs
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"mrfs/tree"
 )
 
 // kernel stands between the kernel and go-fuse's bridge (a
@@ -49,8 +52,9 @@ type kernel struct {
 	// crashed: the kernel's view was not handed over (set before
 	// serving).
 	crashed bool
-	// onDone journals a request that changed the namespace, before its
-	// reply; done are those the dead daemon journaled (set before
+	// onDone is told of a request that changed the namespace, before its
+	// reply (a test hook's; the tree journals the request with the
+	// change); done are those the dead daemon journaled (set before
 	// serving, read only): their resends are answered, not applied.
 	onDone func(unique uint64)
 	done   map[uint64]bool
@@ -236,8 +240,35 @@ func (k *kernel) applied(h *fuse.InHeader) bool {
 	return k.crashed && h.Unique&resendBit != 0 && k.done[h.Unique&^resendBit]
 }
 
-// finished journals that h changed the namespace (st OK), before its
-// reply goes.
+// making is a request that may change names, by go-fuse's cancel channel
+// of it: the one thing of the kernel's request a node's method is given
+// (fuse.Context.Cancel). Each request under way has a channel of its own,
+// in every server of the process.
+var making sync.Map // <-chan struct{} -> tree.Req
+
+// makes lets the node's method of h (cancel its channel) find the
+// request's unique (reqOf), which the tree journals with the change that
+// completes it; done ends that.
+func makes(cancel <-chan struct{}, h *fuse.InHeader) (done func()) {
+	if cancel == nil {
+		return func() {}
+	}
+	making.Store(cancel, tree.Req(h.Unique&^resendBit))
+	return func() { making.Delete(cancel) }
+}
+
+// reqOf is the request ctx is of, if it may change names (makes), or 0.
+func reqOf(ctx context.Context) tree.Req {
+	if c, ok := ctx.(*fuse.Context); ok && c.Cancel != nil {
+		if r, ok := making.Load(c.Cancel); ok {
+			return r.(tree.Req)
+		}
+	}
+	return 0
+}
+
+// finished tells onDone (a test hook) that h changed the namespace (st
+// OK), before its reply goes.
 func (k *kernel) finished(st fuse.Status, h *fuse.InHeader) fuse.Status {
 	if st.Ok() && k.onDone != nil {
 		k.onDone(h.Unique &^ resendBit)
@@ -353,6 +384,7 @@ func (k *kernel) SetAttr(cancel <-chan struct{}, input *fuse.SetAttrIn, out *fus
 
 func (k *kernel) Mknod(cancel <-chan struct{}, input *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, &input.InHeader)()
 	if st := k.known(input.NodeId); !st.Ok() {
 		return st
 	}
@@ -366,6 +398,7 @@ func (k *kernel) Mknod(cancel <-chan struct{}, input *fuse.MknodIn, name string,
 
 func (k *kernel) Mkdir(cancel <-chan struct{}, input *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, &input.InHeader)()
 	if st := k.known(input.NodeId); !st.Ok() {
 		return st
 	}
@@ -379,6 +412,7 @@ func (k *kernel) Mkdir(cancel <-chan struct{}, input *fuse.MkdirIn, name string,
 
 func (k *kernel) Unlink(cancel <-chan struct{}, header *fuse.InHeader, name string) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, header)()
 	if st := k.known(header.NodeId); !st.Ok() {
 		return st
 	}
@@ -390,6 +424,7 @@ func (k *kernel) Unlink(cancel <-chan struct{}, header *fuse.InHeader, name stri
 
 func (k *kernel) Rmdir(cancel <-chan struct{}, header *fuse.InHeader, name string) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, header)()
 	if st := k.known(header.NodeId); !st.Ok() {
 		return st
 	}
@@ -401,6 +436,7 @@ func (k *kernel) Rmdir(cancel <-chan struct{}, header *fuse.InHeader, name strin
 
 func (k *kernel) Rename(cancel <-chan struct{}, input *fuse.RenameIn, oldName string, newName string) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, &input.InHeader)()
 	if st := k.known(input.NodeId, input.Newdir); !st.Ok() {
 		return st
 	}
@@ -412,6 +448,7 @@ func (k *kernel) Rename(cancel <-chan struct{}, input *fuse.RenameIn, oldName st
 
 func (k *kernel) Link(cancel <-chan struct{}, input *fuse.LinkIn, filename string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, &input.InHeader)()
 	if st := k.known(input.NodeId, input.Oldnodeid); !st.Ok() {
 		return st
 	}
@@ -425,6 +462,7 @@ func (k *kernel) Link(cancel <-chan struct{}, input *fuse.LinkIn, filename strin
 
 func (k *kernel) Symlink(cancel <-chan struct{}, header *fuse.InHeader, pointedTo string, linkName string, out *fuse.EntryOut) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, header)()
 	if st := k.known(header.NodeId); !st.Ok() {
 		return st
 	}
@@ -486,6 +524,7 @@ func (k *kernel) RemoveXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr
 
 func (k *kernel) Create(cancel <-chan struct{}, input *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, &input.InHeader)()
 	if st := k.known(input.NodeId); !st.Ok() {
 		return st
 	}

@@ -63,7 +63,7 @@ func BenchmarkJournalCost(b *testing.B) {
 		}
 		t0 := time.Now()
 		for i := range n {
-			if _, err := tr.Root().Create("f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
+			if _, err := tr.Root().Create(0, "f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -51,7 +51,9 @@ type record struct {
 	// "made": Node. "named": Ino, Parent, Name. "removed", "numbered":
 	// Ino. "meta": Ino, Meta. "access": Ino, Access (a directory's
 	// default). "kept": Kept (a buffer, by its file). "backing": Ino,
-	// ID (0: none). "done": Unique.
+	// ID (0: none). Made, named and removed: Unique, the request they
+	// complete (tree.Req), or none. ("done": Unique, an earlier
+	// program's record of a request, read still.)
 	Node   *tree.NodeState `json:"node,omitempty"`
 	Ino    uint64          `json:"ino,omitempty"`
 	Parent uint64          `json:"parent,omitempty"`
@@ -88,8 +90,8 @@ type Journal struct {
 	// backing is the passthrough backing id the kernel holds of each
 	// node that has one (Backing), for the state records.
 	backing map[uint64]int32
-	// done are the last requests Done recorded (a ring, next is the
-	// oldest), for the state records.
+	// done are the last requests records completed (a ring, next is
+	// the oldest), for the state records.
 	done []uint64
 	next int
 	// line is the change record being written, kept for the next.
@@ -125,13 +127,19 @@ func (j *Journal) Size() int64 {
 	return j.end
 }
 
-func (j *Journal) Made(ns tree.NodeState) { j.put(record{Op: "made", Node: &ns}) }
-
-func (j *Journal) Named(ino, parent uint64, name string) {
-	j.put(record{Op: "named", Ino: ino, Parent: parent, Name: name})
+// Made, Named and Removed carry the request they complete (req, 0 for
+// none) as the record's unique: the journal's done requests.
+func (j *Journal) Made(ns tree.NodeState, req tree.Req) {
+	j.put(record{Op: "made", Node: &ns, Unique: uint64(req)})
 }
 
-func (j *Journal) Removed(ino uint64) { j.put(record{Op: "removed", Ino: ino}) }
+func (j *Journal) Named(ino, parent uint64, name string, req tree.Req) {
+	j.put(record{Op: "named", Ino: ino, Parent: parent, Name: name, Unique: uint64(req)})
+}
+
+func (j *Journal) Removed(ino uint64, req tree.Req) {
+	j.put(record{Op: "removed", Ino: ino, Unique: uint64(req)})
+}
 
 func (j *Journal) Meta(ino uint64, m tree.Meta) {
 	j.put(record{Op: "meta", Ino: ino, Meta: &meta{Mode: m.Mode, UID: m.UID, GID: m.GID,
@@ -154,11 +162,6 @@ func (j *Journal) Kept(k buffer.Kept) { j.put(record{Op: "kept", Kept: &k}) }
 // gives new opens of such a node this id.
 func (j *Journal) Backing(ino uint64, id int32) { j.put(record{Op: "backing", Ino: ino, ID: id}) }
 
-// Done: the request with FUSE unique unique changed the namespace, and
-// its reply goes now. A daemon restarted after a crash answers the
-// kernel's resend of it from the namespace instead of applying it again.
-func (j *Journal) Done(unique uint64) { j.put(record{Op: "done", Unique: unique}) }
-
 // put writes r, a change; a failure is kept for Err.
 func (j *Journal) put(r record) {
 	j.mu.Lock()
@@ -171,9 +174,9 @@ func (j *Journal) put(r record) {
 		j.backing[r.Ino] = r.ID
 	case r.Op == "backing":
 		delete(j.backing, r.Ino)
-	case r.Op == "done" && len(j.done) < keepDone:
+	case r.Unique != 0 && len(j.done) < keepDone:
 		j.done = append(j.done, r.Unique)
-	case r.Op == "done":
+	case r.Unique != 0:
 		j.done[j.next] = r.Unique
 		j.next = (j.next + 1) % keepDone
 	}

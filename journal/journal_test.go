@@ -184,23 +184,23 @@ func randomOp(x *journaled, r *rand.Rand) {
 	owner := tree.Owner{UID: uint32(r.IntN(2)) * 1000, GID: 5}
 	switch r.IntN(11) {
 	case 0, 1:
-		d.Create(name, owner, 0o640, nil)
+		d.Create(0, name, owner, 0o640, nil)
 	case 2:
-		d.Unlink(name)
+		d.Unlink(0, name)
 	case 3:
-		root.Mkdir("d"+strconv.Itoa(r.IntN(3)), owner, 0o750, nil)
+		root.Mkdir(0, "d"+strconv.Itoa(r.IntN(3)), owner, 0o750, nil)
 	case 4:
-		root.Rmdir("d" + strconv.Itoa(r.IntN(3)))
+		root.Rmdir(0, "d"+strconv.Itoa(r.IntN(3)))
 	case 5:
-		d.Rename(name, dst, "f"+strconv.Itoa(r.IntN(6)), []uint32{0, tree.RenameNoReplace, tree.RenameExchange}[r.IntN(3)])
+		d.Rename(0, name, dst, "f"+strconv.Itoa(r.IntN(6)), []uint32{0, tree.RenameNoReplace, tree.RenameExchange}[r.IntN(3)])
 	case 6:
 		// A directory moves and comes back, or replaces another (empty).
 		n := "d" + strconv.Itoa(r.IntN(3))
 		if r.IntN(2) == 0 {
-			root.Rename(n, root, n+"x", 0)
-			root.Rename(n+"x", root, n, 0)
+			root.Rename(0, n, root, n+"x", 0)
+			root.Rename(0, n+"x", root, n, 0)
 		} else {
-			root.Rename(n, root, "d"+strconv.Itoa(r.IntN(3)), 0)
+			root.Rename(0, n, root, "d"+strconv.Itoa(r.IntN(3)), 0)
 		}
 	case 7:
 		if f := file(); f != nil {
@@ -331,12 +331,12 @@ func TestJournalCutShort(t *testing.T) {
 	}
 	save()
 	root := x.tr.Root()
-	d, err := root.Mkdir("d", tree.Owner{UID: 1000}, 0o700, nil)
+	d, err := root.Mkdir(0, "d", tree.Owner{UID: 1000}, 0o700, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	save()
-	f, err := d.Create("f", tree.Owner{UID: 1000}, 0o600, nil)
+	f, err := d.Create(0, "f", tree.Owner{UID: 1000}, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,29 +345,29 @@ func TestJournalCutShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	save()
-	if err := d.Rename("f", root, "g", 0); err != nil {
+	if err := d.Rename(0, "f", root, "g", 0); err != nil {
 		t.Fatal(err)
 	}
 	save()
-	if err := root.Unlink("g"); err != nil {
+	if err := root.Unlink(0, "g"); err != nil {
 		t.Fatal(err)
 	}
 	save()
-	if _, err := root.Mkdir("e", tree.Owner{}, 0o755, nil); err != nil {
+	if _, err := root.Mkdir(0, "e", tree.Owner{}, 0o755, nil); err != nil {
 		t.Fatal(err)
 	}
 	save()
-	if err := root.Rename("d", root, "e", 0); err != nil { // over an empty directory
+	if err := root.Rename(0, "d", root, "e", 0); err != nil { // over an empty directory
 		t.Fatal(err)
 	}
 	save()
 	for _, name := range []string{"x", "y"} {
-		if _, err := root.Create(name, tree.Owner{}, 0o600, nil); err != nil {
+		if _, err := root.Create(0, name, tree.Owner{}, 0o600, nil); err != nil {
 			t.Fatal(err)
 		}
 		save()
 	}
-	if err := root.Rename("x", root, "y", tree.RenameExchange); err != nil {
+	if err := root.Rename(0, "x", root, "y", tree.RenameExchange); err != nil {
 		t.Fatal(err)
 	}
 	save()
@@ -402,7 +402,7 @@ func TestJournalCutShort(t *testing.T) {
 func TestJournalCompactWindow(t *testing.T) {
 	x := newJournaled(t)
 	root := x.tr.Root()
-	f, err := root.Create("f", tree.Owner{}, 0o600, nil)
+	f, err := root.Create(0, "f", tree.Owner{}, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +410,7 @@ func TestJournalCompactWindow(t *testing.T) {
 		st, err := x.tr.Checkpoint()
 		if err == nil {
 			mode := uint32(0o640)
-			err = errors.Join(f.SetMeta(tree.Change{Mode: &mode}), root.Rename("f", root, "g", 0))
+			err = errors.Join(f.SetMeta(tree.Change{Mode: &mode}), root.Rename(0, "f", root, "g", 0))
 		}
 		return st, err
 	})
@@ -426,7 +426,7 @@ func TestJournalCompactWindow(t *testing.T) {
 // never gives it to a node of its own.
 func TestJournalKeepsNewIno(t *testing.T) {
 	x := newJournaled(t)
-	if _, err := x.tr.Root().Create("f", tree.Owner{}, 0o600, nil); err != nil {
+	if _, err := x.tr.Root().Create(0, "f", tree.Owner{}, 0o600, nil); err != nil {
 		t.Fatal(err)
 	}
 	ino := x.tr.NewIno()
@@ -462,22 +462,60 @@ func TestJournalBacking(t *testing.T) {
 	}
 }
 
-// TestJournalDone: the requests done come back from the journal, those
-// before a compaction too (its state record keeps the last ones).
+// TestJournalDone: the requests the tree's changes were made for come
+// back from the journal, with the change that completed each (those
+// before a compaction too: its state record keeps the last ones); a
+// request refused, or that a later change of its own completes, is not
+// done.
 func TestJournalDone(t *testing.T) {
 	x := newJournaled(t)
-	x.j.Done(11)
-	x.j.Done(12)
-	if err := x.j.Compact(x.tr.Checkpoint); err != nil {
-		t.Fatal(err)
+	root := x.tr.Root()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	x.j.Done(13)
+	_, err := root.Create(11, "f", tree.Owner{}, 0o600, nil)
+	must(err)
+	_, err = root.Mkdir(12, "d", tree.Owner{}, 0o700, nil)
+	must(err)
+	_, err = root.Create(0, "g", tree.Owner{}, 0o600, nil)
+	must(err)
+	if _, err := root.Create(13, "f", tree.Owner{}, 0o600, nil); err == nil {
+		t.Fatal("a create of a name taken succeeded")
+	}
+	must(x.j.Compact(x.tr.Checkpoint))
+	must(root.Rename(14, "g", root, "f", 0)) // over f: its removal is not 14's end
+	must(root.Unlink(15, "f"))
+	must(root.Rmdir(16, "d"))
+	_, err = root.Create(0, "a", tree.Owner{}, 0o600, nil)
+	must(err)
+	_, err = root.Mkdir(0, "b", tree.Owner{}, 0o700, nil)
+	must(err)
+	must(root.Rename(17, "a", root, "b", tree.RenameExchange))
 	rec, err := journal.Recover(x.f, x.j.Size())
-	if err != nil {
+	must(err)
+	if want := map[uint64]bool{11: true, 12: true, 14: true, 15: true, 16: true, 17: true}; !reflect.DeepEqual(rec.Done, want) {
+		t.Errorf("requests done recovered %v, want %v", rec.Done, want)
+	}
+	// A rename's one record with its request is its last: a crash after
+	// the removal of the file renamed over, or between the two names of
+	// an exchange, must not find it done.
+	b := make([]byte, x.j.Size())
+	if _, err := x.f.ReadAt(b, 0); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[uint64]bool{11: true, 12: true, 13: true}; !reflect.DeepEqual(rec.Done, want) {
-		t.Errorf("requests done recovered %v, want %v", rec.Done, want)
+	for _, req := range []string{"14", "17"} {
+		var ops []string
+		for line := range bytes.Lines(b) {
+			if bytes.Contains(line, []byte(`"unique":`+req+`}`)) {
+				ops = append(ops, string(line[:bytes.IndexByte(line, ',')]))
+			}
+		}
+		if want := []string{`{"op":"named"`}; !slices.Equal(ops, want) {
+			t.Errorf("the records of rename %s: %q, want %q", req, ops, want)
+		}
 	}
 }
 
@@ -487,10 +525,10 @@ func TestJournalCompactFrees(t *testing.T) {
 	x := newJournaled(t)
 	root := x.tr.Root()
 	for i := range 3000 {
-		if _, err := root.Create("f", tree.Owner{}, 0o600, nil); err != nil {
+		if _, err := root.Create(0, "f", tree.Owner{}, 0o600, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := root.Unlink("f"); err != nil {
+		if err := root.Unlink(0, "f"); err != nil {
 			t.Fatal(err)
 		}
 		if i%1000 == 999 {
@@ -535,7 +573,7 @@ func (c *countingFile) ReadAt(p []byte, off int64) (int, error) {
 // while it lives, and restorable again once removed.
 func TestJournalRefusesLost(t *testing.T) {
 	x := newJournaled(t)
-	p, err := x.tr.Root().Mkdir("pool", tree.Owner{}, 0o755, nil)
+	p, err := x.tr.Root().Mkdir(0, "pool", tree.Owner{}, 0o755, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +583,7 @@ func TestJournalRefusesLost(t *testing.T) {
 	if _, err := journal.Replay(x.f, x.j.Size()); !errors.Is(err, syscall.EOPNOTSUPP) {
 		t.Errorf("Replay with a pool: %v, want EOPNOTSUPP", err)
 	}
-	if err := x.tr.Root().Rmdir("pool"); err != nil {
+	if err := x.tr.Root().Rmdir(0, "pool"); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := x.tr.State()
@@ -561,7 +599,7 @@ func TestJournalCrossesWindows(t *testing.T) {
 	// Names of every length shift where the records end; 6,000 files
 	// make a state of about 1.5 MiB.
 	for i := range 6000 {
-		if _, err := root.Create(fmt.Sprintf("%0*d", 1+i%200, i), tree.Owner{}, 0o600, nil); err != nil {
+		if _, err := root.Create(0, fmt.Sprintf("%0*d", 1+i%200, i), tree.Owner{}, 0o600, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

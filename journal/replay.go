@@ -32,7 +32,7 @@ type Recovered struct {
 	// passthrough opens (Journal.Backing).
 	Backing map[uint64]int32
 	// Done are the FUSE uniques of the last requests that changed the
-	// namespace (Journal.Done).
+	// namespace (the tree.Req of the records that completed them).
 	Done map[uint64]bool
 }
 
@@ -160,6 +160,9 @@ func (m *model) made(ns tree.NodeState) {
 // node a later record removes (records written again after a state that
 // no longer has it): it is skipped.
 func (m *model) apply(r record) {
+	if r.Unique != 0 {
+		m.done[r.Unique] = true
+	}
 	n := m.nodes[r.Ino]
 	switch r.Op {
 	case "made":
@@ -186,8 +189,7 @@ func (m *model) apply(r record) {
 		}
 	case "numbered":
 		m.lastIno = max(m.lastIno, r.Ino)
-	case "done":
-		m.done[r.Unique] = true
+	case "done": // an earlier program's record of its own: its unique counted
 	case "backing":
 		if r.ID != 0 {
 			m.backing[r.Ino] = r.ID

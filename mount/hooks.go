@@ -145,8 +145,9 @@ func testAdoptFail(log *slog.Logger) error {
 
 // dieAtDoneEnv is a test hook: a file whose existence makes the daemon
 // under a keeper die (SIGKILL, removing the file first) right after it
-// journaled a request that changed the namespace, before the reply: the
-// kernel then sends the request again to the next daemon.
+// applied a request that changed the namespace (the change journaled
+// with the request), before the reply: the kernel then sends the request
+// again to the next daemon.
 const dieAtDoneEnv = "MRFS_TEST_DIE_AT_DONE"
 
 func testDieAtDone(log *slog.Logger) string {

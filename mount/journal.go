@@ -77,13 +77,11 @@ func (jl *journaling) start(t *tree.Tree, log *slog.Logger) error {
 	return nil
 }
 
-// requestDone journals a request that changed the namespace
-// (Journal.Done). With the test hook dieAtDoneEnv naming a file that
-// exists, the daemon removes the file and dies at once: a crash between a
-// change and its reply.
-func (jl *journaling) requestDone(unique uint64) {
-	jl.j.Done(unique)
-	if jl.dieAt != "" && os.Remove(jl.dieAt) == nil {
+// dieAfter is the test hook dieAtDoneEnv: when its file exists, the
+// daemon removes it and dies at once, after a request changed the
+// namespace (journaled with the change) and before its reply.
+func (jl *journaling) dieAfter(uint64) {
+	if os.Remove(jl.dieAt) == nil {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
 }

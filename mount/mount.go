@@ -207,7 +207,10 @@ func start(opt Options) (_ *parts, err error) {
 		Life:     p.life.get,
 	}
 	if p.journal != nil {
-		fopt.OnBacking, fopt.OnDone = p.journal.j.Backing, p.journal.requestDone
+		fopt.OnBacking = p.journal.j.Backing
+		if p.journal.dieAt != "" {
+			fopt.OnDone = p.journal.dieAfter
+		}
 		fopt.OnServe = func(conn int, init []byte) { p.handOver(keeper, conn, init, log) }
 	}
 	mo := fs.MountOptions{AllowOther: cfg.Mount.AllowOther, FsName: opt.FsName, RequestLog: requestLog(cfg.Log, log)}

@@ -227,7 +227,7 @@ func TestPerChangeCost(t *testing.T) {
 	const n = 10000
 	root := s.tr.Root()
 	for i := range n {
-		if _, err := root.Create(fmt.Sprintf("f%05d", i), tree.Owner{}, 0o600, nil); err != nil {
+		if _, err := root.Create(0, fmt.Sprintf("f%05d", i), tree.Owner{}, 0o600, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -252,7 +252,7 @@ func TestPerChangeCost(t *testing.T) {
 		}
 	}
 	step("create", func() error {
-		_, err := root.Create("new", tree.Owner{}, 0o600, nil)
+		_, err := root.Create(0, "new", tree.Owner{}, 0o600, nil)
 		return err
 	}, func(map[string]string) {})
 	e.waitKeys(t, s.prefix, n+1, 5*time.Second)
@@ -267,7 +267,7 @@ func TestPerChangeCost(t *testing.T) {
 			t.Error("the key of a buffer without remote access is still there after SetAccess returned")
 		}
 	})
-	step("rename", func() error { return root.Rename("f00002", root, "g", 0) }, func(keys map[string]string) {
+	step("rename", func() error { return root.Rename(0, "f00002", root, "g", 0) }, func(keys map[string]string) {
 		if _, ok := keys[s.prefix+"f00002"]; ok {
 			t.Error("the key of a renamed buffer's old name is still there after Rename returned")
 		}
@@ -292,7 +292,7 @@ func TestPerChangeCost(t *testing.T) {
 			t.Fatalf("a truncated buffer is published with generation %d, want %s", v.Generation, gen)
 		}
 	}
-	step("unlink", func() error { return root.Unlink("f00003") }, func(keys map[string]string) {
+	step("unlink", func() error { return root.Unlink(0, "f00003") }, func(keys map[string]string) {
 		if _, ok := keys[s.prefix+"f00003"]; ok {
 			t.Error("the key of an unlinked buffer is still there after Unlink returned")
 		}
@@ -317,11 +317,11 @@ func TestRenameOverTakesTheKey(t *testing.T) {
 	e := startEtcd(t)
 	s := startPublished(t, e, 10*time.Second, "m", 0)
 	root := s.tr.Root()
-	a, err := root.Create("a", tree.Owner{}, 0o600, nil)
+	a, err := root.Create(0, "a", tree.Owner{}, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := root.Create("b", tree.Owner{}, 0o600, nil)
+	b, err := root.Create(0, "b", tree.Owner{}, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestRenameOverTakesTheKey(t *testing.T) {
 		return fmt.Sprint(uint32(d.RKey))
 	}
 	ka, kb := fmt.Sprint(a.Buffer().Info().RKey), fmt.Sprint(b.Buffer().Info().RKey)
-	if err := root.Rename("a", root, "b", 0); err != nil {
+	if err := root.Rename(0, "a", root, "b", 0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -343,13 +343,13 @@ func TestRenameOverTakesTheKey(t *testing.T) {
 	if len(keys) != 1 || rkey(keys, "b") != ka {
 		t.Errorf("after a renamed over b: %v; want b alone, with a's rkey %s (b's was %s)", keys, ka, kb)
 	}
-	c, err := root.Create("c", tree.Owner{}, 0o600, nil)
+	c, err := root.Create(0, "c", tree.Owner{}, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kc := fmt.Sprint(c.Buffer().Info().RKey)
 	e.waitKeys(t, s.prefix, 2, 5*time.Second)
-	if err := root.Rename("b", root, "c", tree.RenameExchange); err != nil {
+	if err := root.Rename(0, "b", root, "c", tree.RenameExchange); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -367,7 +367,7 @@ func TestNewLeaseClearsOnlyItsMount(t *testing.T) {
 	a := startPublished(t, e, 10*time.Second, "mnt/a", 0)
 	b := startPublished(t, e, 10*time.Second, "mnt/ab", 0)
 	for _, s := range []*published{a, b} {
-		if _, err := s.tr.Root().Create("x", tree.Owner{}, 0o600, nil); err != nil {
+		if _, err := s.tr.Root().Create(0, "x", tree.Owner{}, 0o600, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -379,7 +379,7 @@ func TestNewLeaseClearsOnlyItsMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	a2 := startPublished(t, e, 10*time.Second, "mnt/a", 0)
-	if _, err := a2.tr.Root().Create("y", tree.Owner{}, 0o600, nil); err != nil {
+	if _, err := a2.tr.Root().Create(0, "y", tree.Owner{}, 0o600, nil); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)

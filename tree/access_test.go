@@ -13,7 +13,7 @@ import (
 // the owner), and to root; anyone else gets EACCES.
 func TestDirToken(t *testing.T) {
 	tr := newTree(t, 0, 0)
-	d, err := tr.Root().Mkdir("d", tree.Owner{UID: 1000, GID: 2000}, 0o755, nil)
+	d, err := tr.Root().Mkdir(0, "d", tree.Owner{UID: 1000, GID: 2000}, 0o755, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func BenchmarkHeapPerBuffer(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&m0)
 		for i := range n {
-			if _, err := tr.Root().Create("f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
+			if _, err := tr.Root().Create(0, "f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -114,7 +114,7 @@ func BenchmarkRestart(b *testing.B) {
 					b.Fatal(err)
 				}
 				for i := range n {
-					if _, err := tr.Root().Create("f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
+					if _, err := tr.Root().Create(0, "f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -131,7 +131,7 @@ func BenchmarkRestart(b *testing.B) {
 					b.Fatal(err)
 				}
 				for i := range n {
-					if _, err := tr.Root().Create("f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
+					if _, err := tr.Root().Create(0, "f"+strconv.Itoa(i), tree.Owner{}, 0o600, nil); err != nil {
 						b.Fatal(err)
 					}
 				}

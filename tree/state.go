@@ -149,13 +149,18 @@ func (f *File) state() (NodeState, error) {
 // under Tree.mu, its metadata under its own mu. Times that only Touch
 // changes (a write, an entry added) are not journaled. Calls must not
 // block or call back into the tree.
+//
+// The record that completes a call made for a request (Made of a create
+// or mkdir, Removed of an unlink or rmdir, the last Named of a rename)
+// carries its Req, and no other record does: a later process that finds
+// req knows the call was made, whole.
 type Journal interface {
 	// Made: a node was linked, or can no longer be kept (Lost).
-	Made(NodeState)
+	Made(ns NodeState, req Req)
 	// Named: a node was renamed (moved) to name in directory parent.
-	Named(ino, parent uint64, name string)
+	Named(ino, parent uint64, name string, req Req)
 	// Removed: a node was unlinked or removed for good.
-	Removed(ino uint64)
+	Removed(ino uint64, req Req)
 	// Meta: a node's metadata changed (SetMeta).
 	Meta(ino uint64, m Meta)
 	// DefaultAccess: a directory's default access changed.
@@ -168,15 +173,15 @@ type Journal interface {
 // noJournal is the Journal of a tree that has none.
 type noJournal struct{}
 
-func (noJournal) Made(NodeState)                     {}
-func (noJournal) Named(uint64, uint64, string)       {}
-func (noJournal) Removed(uint64)                     {}
+func (noJournal) Made(NodeState, Req)                {}
+func (noJournal) Named(uint64, uint64, string, Req)  {}
+func (noJournal) Removed(uint64, Req)                {}
 func (noJournal) Meta(uint64, Meta)                  {}
 func (noJournal) DefaultAccess(uint64, verbs.Access) {}
 func (noJournal) Numbered(uint64)                    {}
 
-// madeLocked journals n as it is now. Callers hold Tree.mu.
-func (t *Tree) madeLocked(n Node) {
+// madeLocked journals n as it is now, made for req. Callers hold Tree.mu.
+func (t *Tree) madeLocked(n Node, req Req) {
 	var ns NodeState
 	var err error
 	switch n := n.(type) {
@@ -189,14 +194,19 @@ func (t *Tree) madeLocked(n Node) {
 		ns = n.base().nodeState()
 		ns.Lost = err.Error()
 	}
-	t.j.Made(ns)
+	t.j.Made(ns, req)
 }
 
-// namedLocked journals the new names of ns. Callers hold Tree.mu.
-func (t *Tree) namedLocked(ns ...Node) {
-	for _, n := range ns {
+// namedLocked journals the new names of ns, the last one's with req.
+// Callers hold Tree.mu.
+func (t *Tree) namedLocked(req Req, ns ...Node) {
+	for i, n := range ns {
 		b := n.base()
-		t.j.Named(b.ino, b.parent.ino, b.name)
+		r := req
+		if i < len(ns)-1 {
+			r = 0
+		}
+		t.j.Named(b.ino, b.parent.ino, b.name, r)
 	}
 }
 

@@ -140,14 +140,14 @@ func TestRestartKeepsNamespace(t *testing.T) {
 	a := create(t, tr1.Root(), "a")
 	fill(a, 3*page+5, 'a')
 	create(t, tr1.Root(), "empty")
-	d, err := tr1.Root().Mkdir("d", tree.Owner{UID: 1000, GID: 1000}, 0o700, nil)
+	d, err := tr1.Root().Mkdir(0, "d", tree.Owner{UID: 1000, GID: 1000}, 0o700, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := d.SetDefaultAccess(verbs.LocalWrite | verbs.RemoteRead); err != nil {
 		t.Fatal(err)
 	}
-	b, err := d.Create("b", tree.Owner{UID: 1000, GID: 1000}, 0o640, nil)
+	b, err := d.Create(0, "b", tree.Owner{UID: 1000, GID: 1000}, 0o640, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestRestartKeepsNamespace(t *testing.T) {
 	}
 	// A file removed before the restart takes no name or file with it.
 	create(t, e, "gone")
-	if err := e.Unlink("gone"); err != nil {
+	if err := e.Unlink(0, "gone"); err != nil {
 		t.Fatal(err)
 	}
 	before := snapshot(t, tr1)

@@ -104,6 +104,12 @@ type Tree struct {
 // Owner is who creates a node.
 type Owner struct{ UID, GID uint32 }
 
+// Req names the request a call that changes names is made for (a FUSE
+// request's unique), 0 for none: the journal records it with the change
+// that completes the call (Journal), so that a later process asked the
+// same request again knows it was made, and is not made twice.
+type Req uint64
+
 // New makes a tree whose root is a new PD with rootAccess as its
 // default access, owned by owner with mode rootMode.
 func New(mgr *buffer.Manager, opt Options, rootAccess verbs.Access, owner Owner, rootMode uint32) (*Tree, error) {
@@ -360,8 +366,8 @@ func (d *Dir) Entries() []Entry {
 // umask. prepare runs before the file is published (it may open the
 // file); if it fails, or name exists by then (EEXIST), the
 // buffer is freed and nothing is left behind.
-func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) error) (*File, error) {
-	return d.add(name, owner, mode, prepare, func() (*buffer.Buffer, error) {
+func (d *Dir) Create(req Req, name string, owner Owner, mode uint32, prepare func(*File) error) (*File, error) {
+	return d.add(req, name, owner, mode, prepare, func() (*buffer.Buffer, error) {
 		return d.t.mgr.Create(d.dom, d.t.opt.DefaultSize, owner.UID)
 	})
 }
@@ -369,12 +375,12 @@ func (d *Dir) Create(name string, owner Owner, mode uint32, prepare func(*File) 
 // Register makes a file of memory a client brought (src, which it takes),
 // registered in place with access a, or d's default access when a is nil
 // (buffer.Manager.RegisterInPlace). Otherwise as Create.
-func (d *Dir) Register(name string, owner Owner, mode uint32, src buffer.Source, a *verbs.Access, prepare func(*File) error) (*File, error) {
+func (d *Dir) Register(req Req, name string, owner Owner, mode uint32, src buffer.Source, a *verbs.Access, prepare func(*File) error) (*File, error) {
 	if err := checkName(name); err != nil {
 		src.Remove()
 		return nil, fmt.Errorf("register: %w", err)
 	}
-	return d.add(name, owner, mode, prepare, func() (*buffer.Buffer, error) {
+	return d.add(req, name, owner, mode, prepare, func() (*buffer.Buffer, error) {
 		access := d.dom.DefaultAccess()
 		if a != nil {
 			access = *a
@@ -384,7 +390,7 @@ func (d *Dir) Register(name string, owner Owner, mode uint32, src buffer.Source,
 }
 
 // add makes a file of the buffer make returns under name.
-func (d *Dir) add(name string, owner Owner, mode uint32, prepare func(*File) error, make func() (*buffer.Buffer, error)) (*File, error) {
+func (d *Dir) add(req Req, name string, owner Owner, mode uint32, prepare func(*File) error, make func() (*buffer.Buffer, error)) (*File, error) {
 	if err := checkName(name); err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
@@ -401,7 +407,7 @@ func (d *Dir) add(name string, owner Owner, mode uint32, prepare func(*File) err
 		err = prepare(f)
 	}
 	if err == nil {
-		err = d.link(name, f)
+		err = d.link(req, name, f)
 	}
 	if err != nil {
 		if ferr := buf.Free(); ferr != nil {
@@ -428,8 +434,9 @@ func (t *Tree) changed(ns ...Node) {
 // otherwise), for callers that must know before they make anything.
 func CheckName(name string) error { return checkName(name) }
 
-// link publishes n under name, unless the name was taken meanwhile.
-func (d *Dir) link(name string, n Node) error {
+// link publishes n under name, made for req, unless the name was taken
+// meanwhile.
+func (d *Dir) link(req Req, name string, n Node) error {
 	d.t.mu.Lock()
 	defer d.t.mu.Unlock()
 	if err := d.waitAddLocked(); err != nil {
@@ -442,7 +449,7 @@ func (d *Dir) link(name string, n Node) error {
 		return fmt.Errorf("a pool holds only files: %w", syscall.EPERM)
 	}
 	d.addLocked(name, n)
-	d.t.madeLocked(n)
+	d.t.madeLocked(n, req)
 	return nil
 }
 
@@ -468,7 +475,7 @@ func (d *Dir) MakePool(slot uint64, slots int, owner uint32) (*buffer.Pool, erro
 	p, err := d.dom.MakePool(slot, slots, owner)
 	t.mu.Lock()
 	if err == nil {
-		t.madeLocked(d) // a pool cannot be kept: its record says so
+		t.madeLocked(d, 0) // a pool cannot be kept: its record says so
 	}
 	return p, err
 }
@@ -505,7 +512,7 @@ func (d *Dir) Nlink() uint32 {
 // Mkdir makes a directory name in d: a new PD whose files get
 // Options.DefaultAccess. prepare runs before the directory is published,
 // as in Create.
-func (d *Dir) Mkdir(name string, owner Owner, mode uint32, prepare func(*Dir)) (*Dir, error) {
+func (d *Dir) Mkdir(req Req, name string, owner Owner, mode uint32, prepare func(*Dir)) (*Dir, error) {
 	if err := checkName(name); err != nil {
 		return nil, fmt.Errorf("mkdir: %w", err)
 	}
@@ -517,7 +524,7 @@ func (d *Dir) Mkdir(name string, owner Owner, mode uint32, prepare func(*Dir)) (
 	if prepare != nil {
 		prepare(sub)
 	}
-	if err := d.link(name, sub); err != nil {
+	if err := d.link(req, name, sub); err != nil {
 		if cerr := dom.Close(); cerr != nil {
 			err = fmt.Errorf("%w (and deallocating the new PD: %w)", err, cerr)
 		}
@@ -530,7 +537,7 @@ func (d *Dir) Mkdir(name string, owner Owner, mode uint32, prepare func(*Dir)) (
 // Rmdir removes the empty directory name and deallocates its PD (remote
 // peers attached to it are disconnected first): ENOENT, ENOTDIR, or
 // ENOTEMPTY while it holds anything.
-func (d *Dir) Rmdir(name string) error {
+func (d *Dir) Rmdir(req Req, name string) error {
 	t := d.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -550,7 +557,7 @@ func (d *Dir) Rmdir(name string) error {
 	if err != nil {
 		return fmt.Errorf("rmdir %q: %w", name, err)
 	}
-	d.dropLocked(name)
+	d.dropLocked(name, req)
 	d.Touch(true)
 	return nil
 }
@@ -560,15 +567,15 @@ func (d *Dir) Rmdir(name string) error {
 // until it lets go. ENOENT, or EISDIR for a directory. A failure to free
 // leaves the name. The name goes once the buffer is freed: until then
 // (a registration of the file under way) other calls see it still.
-func (d *Dir) Unlink(name string) error {
-	f, err := d.unlink(name)
+func (d *Dir) Unlink(req Req, name string) error {
+	f, err := d.unlink(req, name)
 	if err == nil {
 		d.t.changed(f)
 	}
 	return err
 }
 
-func (d *Dir) unlink(name string) (*File, error) {
+func (d *Dir) unlink(req Req, name string) (*File, error) {
 	t := d.t
 	t.mu.Lock()
 	f, err := idleEntryLocked[*File](d, name, "unlink", syscall.EISDIR)
@@ -591,7 +598,7 @@ func (d *Dir) unlink(name string) (*File, error) {
 	// Busy, the file kept its name: every other call that changes names
 	// waited.
 	if p := f.parent; p != nil {
-		p.dropLocked(f.name)
+		p.dropLocked(f.name, req)
 		p.Touch(true)
 	}
 	return f, nil
@@ -641,11 +648,11 @@ func (t *Tree) markLocked(n Node) (done func()) {
 	}
 }
 
-// dropLocked removes name from the namespace for good. Callers hold
-// t.mu for writing.
-func (d *Dir) dropLocked(name string) {
+// dropLocked removes name from the namespace for good, for req. Callers
+// hold t.mu for writing.
+func (d *Dir) dropLocked(name string, req Req) {
 	if n := d.removeLocked(name); n != nil {
-		d.t.j.Removed(n.Ino())
+		d.t.j.Removed(n.Ino(), req)
 	}
 }
 
@@ -679,8 +686,8 @@ const (
 // the same PD; exchanging a file between PDs is EINVAL (two moves that
 // could each fail halfway). The kernel itself refuses moving a directory
 // into its own subtree.
-func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error {
-	moved, err := d.rename(name, dst, newName, flags)
+func (d *Dir) Rename(req Req, name string, dst *Dir, newName string, flags uint32) error {
+	moved, err := d.rename(req, name, dst, newName, flags)
 	d.t.changed(moved...)
 	return err
 }
@@ -690,7 +697,7 @@ func (d *Dir) Rename(name string, dst *Dir, newName string, flags uint32) error 
 const maxRenameTries = 8
 
 // rename is Rename; moved are the nodes whose names changed or went.
-func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) (moved []Node, err error) {
+func (d *Dir) rename(req Req, name string, dst *Dir, newName string, flags uint32) (moved []Node, err error) {
 	if err := checkName(newName); err != nil {
 		return nil, fmt.Errorf("rename: %w", err)
 	}
@@ -701,7 +708,7 @@ func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) (moved
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for try := 0; ; try++ {
-		p, moved, err := d.planLocked(name, dst, newName, flags)
+		p, moved, err := d.planLocked(req, name, dst, newName, flags)
 		if err != nil || p == nil {
 			return moved, err // done under the lock, or refused
 		}
@@ -723,6 +730,7 @@ func (d *Dir) rename(name string, dst *Dir, newName string, flags uint32) (moved
 // renamePlan is a rename that waits for buffers: a move of a file to
 // another PD, or a file renamed over.
 type renamePlan struct {
+	req           Req
 	d, dst        *Dir
 	name, newName string
 	src           Node
@@ -735,7 +743,7 @@ type renamePlan struct {
 // waited for (it returns a nil plan then, and the nodes it moved);
 // otherwise it returns the plan for the buffer work. A busy entry is
 // waited for first. Callers hold t.mu.
-func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*renamePlan, []Node, error) {
+func (d *Dir) planLocked(req Req, name string, dst *Dir, newName string, flags uint32) (*renamePlan, []Node, error) {
 	t := d.t
 	for {
 		src := d.entries[name]
@@ -774,7 +782,7 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 			dst.removeLocked(newName)
 			d.addLocked(name, old)
 			dst.addLocked(newName, src)
-			t.namedLocked(old, src)
+			t.namedLocked(req, old, src)
 			d.Touch(true)
 			dst.Touch(true)
 			return nil, []Node{src, old}, nil
@@ -783,7 +791,7 @@ func (d *Dir) planLocked(name string, dst *Dir, newName string, flags uint32) (*
 		case flags&RenameNoReplace != 0 && old != nil:
 			return nil, nil, fmt.Errorf("rename %q: %q exists: %w", name, newName, syscall.EEXIST)
 		}
-		p := &renamePlan{d: d, dst: dst, name: name, newName: newName, src: src}
+		p := &renamePlan{req: req, d: d, dst: dst, name: name, newName: newName, src: src}
 		switch o := old.(type) {
 		case *File:
 			if srcIsDir {
@@ -890,13 +898,13 @@ func (p *renamePlan) undoMove() error {
 func (p *renamePlan) commitLocked() {
 	if p.old != nil {
 		if pp := p.old.parent; pp != nil {
-			pp.dropLocked(p.old.name)
+			pp.dropLocked(p.old.name, 0)
 		}
 	}
-	p.dst.dropLocked(p.newName) // a directory renamed over
+	p.dst.dropLocked(p.newName, 0) // a directory renamed over
 	p.d.removeLocked(p.name)
 	p.dst.addLocked(p.newName, p.src)
-	p.d.t.namedLocked(p.src)
+	p.d.t.namedLocked(p.req, p.src)
 	p.d.Touch(true)
 	p.dst.Touch(true)
 }

@@ -66,7 +66,7 @@ func wantErrno(t *testing.T, err error, want syscall.Errno, what string) {
 
 func create(t *testing.T, d *tree.Dir, name string) *tree.File {
 	t.Helper()
-	f, err := d.Create(name, tree.Owner{}, 0o644, nil)
+	f, err := d.Create(0, name, tree.Owner{}, 0o644, nil)
 	if err != nil {
 		t.Fatalf("create %s: %v", name, err)
 	}
@@ -75,7 +75,7 @@ func create(t *testing.T, d *tree.Dir, name string) *tree.File {
 
 func mkdir(t *testing.T, d *tree.Dir, name string) *tree.Dir {
 	t.Helper()
-	sub, err := d.Mkdir(name, tree.Owner{}, 0o755, nil)
+	sub, err := d.Mkdir(0, name, tree.Owner{}, 0o755, nil)
 	if err != nil {
 		t.Fatalf("mkdir %s: %v", name, err)
 	}
@@ -111,10 +111,11 @@ func TestCreateLookupEntries(t *testing.T) {
 	tr := newTree(t, page, 0)
 	root := tr.Root()
 	var prepared *tree.File
-	f, err := root.Create("b", tree.Owner{UID: 1, GID: 2}, 0o4777, func(f *tree.File) error {
+	f, err := root.Create(0, "b", tree.Owner{UID: 1, GID: 2}, 0o4777, func(f *tree.File) error {
 		prepared = f
 		return nil
 	})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,13 +143,13 @@ func TestCreateLookupEntries(t *testing.T) {
 	wantErrno(t, err, syscall.ENOENT, "lookup of a missing name")
 
 	before := tr.Manager().Stats()
-	_, err = root.Create("b", tree.Owner{}, 0o644, nil)
+	_, err = root.Create(0, "b", tree.Owner{}, 0o644, nil)
 	wantErrno(t, err, syscall.EEXIST, "create over an existing name")
-	_, err = root.Create(strings.Repeat("n", tree.MaxNameLen+1), tree.Owner{}, 0o644, nil)
+	_, err = root.Create(0, strings.Repeat("n", tree.MaxNameLen+1), tree.Owner{}, 0o644, nil)
 	wantErrno(t, err, syscall.ENAMETOOLONG, "create with a 256-byte name")
-	_, err = root.Create("p", tree.Owner{}, 0o644, func(*tree.File) error { return syscall.EMFILE })
+	_, err = root.Create(0, "p", tree.Owner{}, 0o644, func(*tree.File) error { return syscall.EMFILE })
 	wantErrno(t, err, syscall.EMFILE, "create whose prepare fails")
-	_, err = root.Mkdir("c", tree.Owner{}, 0o755, nil)
+	_, err = root.Mkdir(0, "c", tree.Owner{}, 0o755, nil)
 	wantErrno(t, err, syscall.EEXIST, "mkdir over an existing name")
 	if after := tr.Manager().Stats(); !reflect.DeepEqual(after, before) {
 		t.Errorf("failed creates left something: %+v, was %+v", after, before)
@@ -185,13 +186,13 @@ func TestRmdir(t *testing.T) {
 	sub := mkdir(t, root, "d")
 	create(t, root, "f")
 	create(t, sub, "inner")
-	wantErrno(t, root.Rmdir("nope"), syscall.ENOENT, "rmdir of a missing name")
-	wantErrno(t, root.Rmdir("f"), syscall.ENOTDIR, "rmdir of a file")
-	wantErrno(t, root.Rmdir("d"), syscall.ENOTEMPTY, "rmdir of a directory with a file")
-	if err := sub.Unlink("inner"); err != nil {
+	wantErrno(t, root.Rmdir(0, "nope"), syscall.ENOENT, "rmdir of a missing name")
+	wantErrno(t, root.Rmdir(0, "f"), syscall.ENOTDIR, "rmdir of a file")
+	wantErrno(t, root.Rmdir(0, "d"), syscall.ENOTEMPTY, "rmdir of a directory with a file")
+	if err := sub.Unlink(0, "inner"); err != nil {
 		t.Fatal(err)
 	}
-	if err := root.Rmdir("d"); err != nil {
+	if err := root.Rmdir(0, "d"); err != nil {
 		t.Fatalf("rmdir of an empty directory: %v", err)
 	}
 	if st := tr.Manager().Stats(); st.PDs != 1 {
@@ -206,13 +207,13 @@ func TestUnlink(t *testing.T) {
 	root := tr.Root()
 	f := create(t, root, "f")
 	mkdir(t, root, "d")
-	wantErrno(t, root.Unlink("nope"), syscall.ENOENT, "unlink of a missing name")
-	wantErrno(t, root.Unlink("d"), syscall.EISDIR, "unlink of a directory")
+	wantErrno(t, root.Unlink(0, "nope"), syscall.ENOENT, "unlink of a missing name")
+	wantErrno(t, root.Unlink(0, "d"), syscall.EISDIR, "unlink of a directory")
 	if !reaches(t, root, f) {
 		t.Fatal("a registered buffer is not reachable")
 	}
 	in := f.Buffer().Info()
-	if err := root.Unlink("f"); err != nil {
+	if err := root.Unlink(0, "f"); err != nil {
 		t.Fatal(err)
 	}
 	if !f.Unlinked() {
@@ -236,7 +237,7 @@ func TestRenameWithinDirectory(t *testing.T) {
 	root := tr.Root()
 	f := create(t, root, "a")
 	before := f.Buffer().Info()
-	if err := root.Rename("a", root, "b", 0); err != nil {
+	if err := root.Rename(0, "a", root, "b", 0); err != nil {
 		t.Fatal(err)
 	}
 	if after := f.Buffer().Info(); after != before {
@@ -264,16 +265,16 @@ func TestInodeNumbers(t *testing.T) {
 	}
 	seen[a.Ino()] = "a"
 	ino := a.Ino()
-	if err := root.Rename("a", root, "b", 0); err != nil {
+	if err := root.Rename(0, "a", root, "b", 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := root.Rename("b", sub, "c", 0); err != nil {
+	if err := root.Rename(0, "b", sub, "c", 0); err != nil {
 		t.Fatal(err)
 	}
 	if a.Ino() != ino {
 		t.Errorf("renamed twice, the file's inode went from %d to %d", ino, a.Ino())
 	}
-	if err := sub.Unlink("c"); err != nil {
+	if err := sub.Unlink(0, "c"); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"a", "b", "c"} {
@@ -293,7 +294,7 @@ func TestRenameMovesAcrossPDs(t *testing.T) {
 	dst := mkdir(t, root, "dst")
 	f := create(t, root, "f")
 	before := f.Buffer().Info()
-	if err := root.Rename("f", dst, "g", 0); err != nil {
+	if err := root.Rename(0, "f", dst, "g", 0); err != nil {
 		t.Fatal(err)
 	}
 	after := f.Buffer().Info()
@@ -309,7 +310,7 @@ func TestRenameMovesAcrossPDs(t *testing.T) {
 	if names(root) != "dst" || names(dst) != "g" {
 		t.Errorf("entries %q and %q", names(root), names(dst))
 	}
-	wantErrno(t, root.Rmdir("dst"), syscall.ENOTEMPTY, "rmdir of the move's target")
+	wantErrno(t, root.Rmdir(0, "dst"), syscall.ENOTEMPTY, "rmdir of the move's target")
 }
 
 // A move that cannot register in the new PD changes nothing.
@@ -319,7 +320,7 @@ func TestRenameFailedMoveChangesNothing(t *testing.T) {
 	dst := mkdir(t, root, "dst")
 	f := create(t, root, "f")
 	before := f.Buffer().Info()
-	wantErrno(t, root.Rename("f", dst, "f", 0), syscall.EINVAL, "move with the device's regions exhausted")
+	wantErrno(t, root.Rename(0, "f", dst, "f", 0), syscall.EINVAL, "move with the device's regions exhausted")
 	if after := f.Buffer().Info(); after != before {
 		t.Errorf("failed move changed the buffer: %+v, was %+v", after, before)
 	}
@@ -339,7 +340,7 @@ func TestRenameOver(t *testing.T) {
 	a := create(t, root, "a")
 	b := create(t, root, "b")
 	bIn := b.Buffer().Info()
-	if err := root.Rename("a", root, "b", 0); err != nil {
+	if err := root.Rename(0, "a", root, "b", 0); err != nil {
 		t.Fatal(err)
 	}
 	if !b.Unlinked() || a.Unlinked() {
@@ -359,14 +360,14 @@ func TestRenameOver(t *testing.T) {
 	d1 := mkdir(t, root, "d1")
 	d2 := mkdir(t, root, "d2")
 	create(t, d2, "x")
-	wantErrno(t, root.Rename("b", root, "d1", 0), syscall.EISDIR, "file over a directory")
-	wantErrno(t, root.Rename("d1", root, "b", 0), syscall.ENOTDIR, "directory over a file")
-	wantErrno(t, root.Rename("d1", root, "d2", 0), syscall.ENOTEMPTY, "directory over a non-empty one")
-	if err := d2.Unlink("x"); err != nil {
+	wantErrno(t, root.Rename(0, "b", root, "d1", 0), syscall.EISDIR, "file over a directory")
+	wantErrno(t, root.Rename(0, "d1", root, "b", 0), syscall.ENOTDIR, "directory over a file")
+	wantErrno(t, root.Rename(0, "d1", root, "d2", 0), syscall.ENOTEMPTY, "directory over a non-empty one")
+	if err := d2.Unlink(0, "x"); err != nil {
 		t.Fatal(err)
 	}
 	pds := tr.Manager().Stats().PDs
-	if err := root.Rename("d1", root, "d2", 0); err != nil {
+	if err := root.Rename(0, "d1", root, "d2", 0); err != nil {
 		t.Fatalf("directory over an empty one: %v", err)
 	}
 	if st := tr.Manager().Stats(); st.PDs != pds-1 {
@@ -386,16 +387,16 @@ func TestRenameFlags(t *testing.T) {
 	a := create(t, root, "a")
 	b := create(t, root, "b")
 	other := mkdir(t, root, "o")
-	wantErrno(t, root.Rename("a", root, "b", tree.RenameNoReplace), syscall.EEXIST, "RENAME_NOREPLACE over b")
-	wantErrno(t, root.Rename("a", root, "b", 4), syscall.EINVAL, "RENAME_WHITEOUT")
-	wantErrno(t, root.Rename("a", root, "b", tree.RenameExchange|tree.RenameNoReplace), syscall.EINVAL, "EXCHANGE|NOREPLACE")
-	wantErrno(t, root.Rename("a", root, "c", tree.RenameExchange), syscall.ENOENT, "exchange with a missing name")
-	wantErrno(t, root.Rename("nope", root, "c", 0), syscall.ENOENT, "rename of a missing name")
-	wantErrno(t, root.Rename("a", root, strings.Repeat("n", 256), 0), syscall.ENAMETOOLONG, "rename to a 256-byte name")
-	if err := root.Rename("a", root, "c", tree.RenameNoReplace); err != nil {
+	wantErrno(t, root.Rename(0, "a", root, "b", tree.RenameNoReplace), syscall.EEXIST, "RENAME_NOREPLACE over b")
+	wantErrno(t, root.Rename(0, "a", root, "b", 4), syscall.EINVAL, "RENAME_WHITEOUT")
+	wantErrno(t, root.Rename(0, "a", root, "b", tree.RenameExchange|tree.RenameNoReplace), syscall.EINVAL, "EXCHANGE|NOREPLACE")
+	wantErrno(t, root.Rename(0, "a", root, "c", tree.RenameExchange), syscall.ENOENT, "exchange with a missing name")
+	wantErrno(t, root.Rename(0, "nope", root, "c", 0), syscall.ENOENT, "rename of a missing name")
+	wantErrno(t, root.Rename(0, "a", root, strings.Repeat("n", 256), 0), syscall.ENAMETOOLONG, "rename to a 256-byte name")
+	if err := root.Rename(0, "a", root, "c", tree.RenameNoReplace); err != nil {
 		t.Fatalf("RENAME_NOREPLACE to a free name: %v", err)
 	}
-	if err := root.Rename("c", root, "b", tree.RenameExchange); err != nil {
+	if err := root.Rename(0, "c", root, "b", tree.RenameExchange); err != nil {
 		t.Fatalf("exchange within a PD: %v", err)
 	}
 	if n, _ := root.Lookup("b"); n != tree.Node(a) {
@@ -405,7 +406,7 @@ func TestRenameFlags(t *testing.T) {
 		t.Error("after the exchange c is not b")
 	}
 	create(t, other, "x")
-	wantErrno(t, root.Rename("b", other, "x", tree.RenameExchange), syscall.EINVAL, "exchanging files between PDs")
+	wantErrno(t, root.Rename(0, "b", other, "x", tree.RenameExchange), syscall.EINVAL, "exchanging files between PDs")
 	if a.Buffer().Info().PD != root.Domain().PD() {
 		t.Error("a refused exchange moved a buffer")
 	}
@@ -434,7 +435,7 @@ func TestResolveAndPath(t *testing.T) {
 		t.Errorf("paths %q %q", root.Path(), b.Path())
 	}
 	c := mkdir(t, root, "c")
-	if err := a.Rename("b", c, "bb", 0); err != nil {
+	if err := a.Rename(0, "b", c, "bb", 0); err != nil {
 		t.Fatal(err)
 	}
 	if b.Path() != "/c/bb" {
@@ -453,7 +454,7 @@ func TestMeta(t *testing.T) {
 	root := tr.Root()
 	clock := time.Unix(1000, 0)
 	defer tree.SetClock(func() time.Time { return clock })()
-	f, err := root.Create("f", tree.Owner{UID: 3, GID: 4}, 0o6777, nil)
+	f, err := root.Create(0, "f", tree.Owner{UID: 3, GID: 4}, 0o6777, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,11 +462,11 @@ func TestMeta(t *testing.T) {
 		t.Errorf("new file %+v", m)
 	}
 	// The sticky bit is kept at creation, as chmod keeps it.
-	sf, err := root.Create("sticky", tree.Owner{}, 0o7777, nil)
+	sf, err := root.Create(0, "sticky", tree.Owner{}, 0o7777, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sd, err := root.Mkdir("stickydir", tree.Owner{}, 0o1777, nil)
+	sd, err := root.Mkdir(0, "stickydir", tree.Owner{}, 0o1777, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,11 +486,11 @@ func TestMeta(t *testing.T) {
 		run     func() error
 		changed []*tree.Dir
 	}{
-		{func() error { _, err := root.Create("g", tree.Owner{}, 0o644, nil); return err }, []*tree.Dir{root}},
-		{func() error { return root.Rename("g", d, "g", 0) }, []*tree.Dir{root, d}},
-		{func() error { return d.Unlink("g") }, []*tree.Dir{d}},
-		{func() error { _, err := root.Mkdir("e", tree.Owner{}, 0o755, nil); return err }, []*tree.Dir{root}},
-		{func() error { return root.Rmdir("e") }, []*tree.Dir{root}},
+		{func() error { _, err := root.Create(0, "g", tree.Owner{}, 0o644, nil); return err }, []*tree.Dir{root}},
+		{func() error { return root.Rename(0, "g", d, "g", 0) }, []*tree.Dir{root, d}},
+		{func() error { return d.Unlink(0, "g") }, []*tree.Dir{d}},
+		{func() error { _, err := root.Mkdir(0, "e", tree.Owner{}, 0o755, nil); return err }, []*tree.Dir{root}},
+		{func() error { return root.Rmdir(0, "e") }, []*tree.Dir{root}},
 	} {
 		clock = time.Unix(int64(3000+i), 0)
 		if err := op.run(); err != nil {
@@ -517,29 +518,29 @@ func TestNlinkAndLongNames(t *testing.T) {
 	if root.Nlink() != 4 || a.Nlink() != 4 || b.Nlink() != 2 {
 		t.Fatalf("nlink root %d a %d b %d, want 4 4 2", root.Nlink(), a.Nlink(), b.Nlink())
 	}
-	if err := a.Rename("x", b, "x", 0); err != nil {
+	if err := a.Rename(0, "x", b, "x", 0); err != nil {
 		t.Fatal(err)
 	}
 	if a.Nlink() != 3 || b.Nlink() != 3 {
 		t.Errorf("after moving a directory: a %d b %d, want 3 3", a.Nlink(), b.Nlink())
 	}
-	if err := a.Rename("f", b, "x", tree.RenameExchange); err == nil {
+	if err := a.Rename(0, "f", b, "x", tree.RenameExchange); err == nil {
 		t.Error("exchanged a file with a directory across PDs")
 	}
-	if err := a.Rename("y", b, "x", tree.RenameExchange); err != nil {
+	if err := a.Rename(0, "y", b, "x", tree.RenameExchange); err != nil {
 		t.Fatal(err)
 	}
 	if a.Nlink() != 3 || b.Nlink() != 3 {
 		t.Errorf("after exchanging two directories: a %d b %d, want 3 3", a.Nlink(), b.Nlink())
 	}
 	mkdir(t, b, "z")
-	if err := b.Rename("x", b, "z", 0); err != nil { // over an empty directory
+	if err := b.Rename(0, "x", b, "z", 0); err != nil { // over an empty directory
 		t.Fatal(err)
 	}
 	if b.Nlink() != 3 {
 		t.Errorf("after renaming over a directory: b %d, want 3", b.Nlink())
 	}
-	if err := b.Rmdir("z"); err != nil {
+	if err := b.Rmdir(0, "z"); err != nil {
 		t.Fatal(err)
 	}
 	if b.Nlink() != 2 {
@@ -619,7 +620,7 @@ func TestRenameOverFailedRelease(t *testing.T) {
 	a := create(t, root, "a")
 	old := create(t, dst, "b")
 	dev.fail.Store(old.Buffer().Info().Addr)
-	err = root.Rename("a", dst, "b", 0)
+	err = root.Rename(0, "a", dst, "b", 0)
 	dev.fail.Store(0)
 	wantErrno(t, err, syscall.EBUSY, "rename over a file whose release fails")
 	if names(root) != "a,dst" || names(dst) != "b" {
@@ -635,7 +636,7 @@ func TestRenameOverFailedRelease(t *testing.T) {
 		t.Errorf("the file renamed over: %+v", old.Buffer().Info())
 	}
 	// Once releases work again, the same rename does.
-	if err := root.Rename("a", dst, "b", 0); err != nil {
+	if err := root.Rename(0, "a", dst, "b", 0); err != nil {
 		t.Fatal(err)
 	}
 	if !old.Unlinked() || names(dst) != "b" || names(root) != "dst" {
@@ -671,7 +672,7 @@ func TestNoNamespaceLockWhileWaiting(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	unlinked := make(chan error)
-	go func() { unlinked <- root.Unlink("big") }()
+	go func() { unlinked <- root.Unlink(0, "big") }()
 	time.Sleep(50 * time.Millisecond) // the unlink waits for the buffer now
 	for range 3 {
 		if _, err := other.Lookup("x"); err != nil {
@@ -680,14 +681,14 @@ func TestNoNamespaceLockWhileWaiting(t *testing.T) {
 		if names(other) != "x" || other.Nlink() != 2 {
 			t.Fatal("listing")
 		}
-		if err := other.Rename("x", other, "y", 0); err != nil {
+		if err := other.Rename(0, "x", other, "y", 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := other.Rename("y", other, "x", 0); err != nil {
+		if err := other.Rename(0, "y", other, "x", 0); err != nil {
 			t.Fatal(err)
 		}
 		create(t, other, "z")
-		if err := other.Unlink("z"); err != nil {
+		if err := other.Unlink(0, "z"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -701,7 +702,7 @@ func TestNoNamespaceLockWhileWaiting(t *testing.T) {
 	// A second unlink of the same name waits for the first, then finds
 	// nothing.
 	again := make(chan error)
-	go func() { again <- root.Unlink("big") }()
+	go func() { again <- root.Unlink(0, "big") }()
 	if err := <-resized; err != nil {
 		t.Fatal(err)
 	}
@@ -771,9 +772,9 @@ func TestNoNamespaceLockWhileRemovingADirectory(t *testing.T) {
 			removed := make(chan error, 1)
 			go func() {
 				if way == "rmdir" {
-					removed <- root.Rmdir("gone")
+					removed <- root.Rmdir(0, "gone")
 				} else {
-					removed <- root.Rename("src", root, "gone", 0)
+					removed <- root.Rename(0, "src", root, "gone", 0)
 				}
 			}()
 			<-c.closing
@@ -784,33 +785,33 @@ func TestNoNamespaceLockWhileRemovingADirectory(t *testing.T) {
 				if names(root) != "gone,other,src" {
 					return fmt.Errorf("root lists %q while the directory goes", names(root))
 				}
-				if _, err := other.Create("y", tree.Owner{}, 0o644, nil); err != nil {
+				if _, err := other.Create(0, "y", tree.Owner{}, 0o644, nil); err != nil {
 					return err
 				}
-				if err := other.Rename("y", other, "z", 0); err != nil {
+				if err := other.Rename(0, "y", other, "z", 0); err != nil {
 					return err
 				}
-				if err := other.Unlink("z"); err != nil {
+				if err := other.Unlink(0, "z"); err != nil {
 					return err
 				}
-				_, err := other.Mkdir("sub", tree.Owner{}, 0o755, nil)
+				_, err := other.Mkdir(0, "sub", tree.Owner{}, 0o755, nil)
 				return err
 			})
 			// A file cannot come in: its buffer cannot go into the PD
 			// going away. A directory (a PD of its own) waits for the
 			// name, and finds the directory gone.
 			within(t, "a create in the directory going away", func() error {
-				if _, err := gone.Create("f", tree.Owner{}, 0o644, nil); !errors.Is(err, syscall.ENOENT) {
+				if _, err := gone.Create(0, "f", tree.Owner{}, 0o644, nil); !errors.Is(err, syscall.ENOENT) {
 					return fmt.Errorf("create in a directory going away: %v, want ENOENT", err)
 				}
 				return nil
 			})
 			added := make(chan error, 2)
 			go func() {
-				_, err := gone.Mkdir("d", tree.Owner{}, 0o755, nil)
+				_, err := gone.Mkdir(0, "d", tree.Owner{}, 0o755, nil)
 				added <- err
 			}()
-			go func() { added <- other.Rename("sub", gone, "sub", 0) }()
+			go func() { added <- other.Rename(0, "sub", gone, "sub", 0) }()
 			time.Sleep(50 * time.Millisecond)
 			select {
 			case err := <-added:
@@ -878,7 +879,7 @@ func TestChanged(t *testing.T) {
 	create(t, root, "b")
 	d := mkdir(t, root, "d")
 	expect("create b, mkdir", "/b")
-	if _, err := root.Create("b", tree.Owner{}, 0o644, nil); err == nil {
+	if _, err := root.Create(0, "b", tree.Owner{}, 0o644, nil); err == nil {
 		t.Fatal("create over an existing name succeeded")
 	}
 	expect("a create refused")
@@ -888,19 +889,19 @@ func TestChanged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(root.Rename("a", root, "a2", 0))
+	must(root.Rename(0, "a", root, "a2", 0))
 	expect("rename", "/a2")
-	must(root.Rename("a2", root, "b", 0))
+	must(root.Rename(0, "a2", root, "b", 0))
 	expect("rename over", "/b", "gone")
-	must(root.Rename("b", d, "b", 0))
+	must(root.Rename(0, "b", d, "b", 0))
 	expect("move to another PD", "/d/b")
 	create(t, d, "c")
 	expect("create c", "/d/c")
-	must(d.Rename("b", d, "c", tree.RenameExchange))
+	must(d.Rename(0, "b", d, "c", tree.RenameExchange))
 	expect("exchange", "/d/b", "/d/c")
-	wantErrno(t, d.Rename("nope", d, "x", 0), syscall.ENOENT, "rename of a missing name")
+	wantErrno(t, d.Rename(0, "nope", d, "x", 0), syscall.ENOENT, "rename of a missing name")
 	expect("a rename refused")
-	must(root.Rename("d", root, "e", 0))
+	must(root.Rename(0, "d", root, "e", 0))
 	expect("rename of a directory", "/e/")
 	e, err := tr.Resolve("/e")
 	must(err)
@@ -914,9 +915,9 @@ func TestChanged(t *testing.T) {
 	expect("an access refused")
 	must(e.SetDefaultAccess(verbs.LocalWrite))
 	expect("default access of a directory that is not a pool")
-	must(e.Unlink("b"))
+	must(e.Unlink(0, "b"))
 	expect("unlink", "gone")
-	wantErrno(t, e.Unlink("b"), syscall.ENOENT, "unlink of a missing name")
+	wantErrno(t, e.Unlink(0, "b"), syscall.ENOENT, "unlink of a missing name")
 	expect("an unlink refused")
 
 	p := mkdir(t, root, "p")
