@@ -17,16 +17,29 @@ import (
 
 // Kept is what a later process needs of a buffer to take it back.
 type Kept struct {
-	File       uint64       // the id of its file in the (Lasting) store
+	File       uint64       // the id of its file in the (Lasting) store, or of a buffer in place
 	Owner      uint32       // the uid charged for it
 	Access     verbs.Access // its registration's access
 	Generation uint64       // registrations made for it so far
+	// Source is a buffer registered in place's source (it has no file in
+	// the store), nil for others.
+	Source *KeptSource `json:"source,omitempty"`
+}
+
+// KeptSource is the source of a buffer registered in place, as a later
+// process opens it again (Options.Reopen).
+type KeptSource struct {
+	Path     string `json:"path"`
+	Dev      uint64 `json:"dev"` // which file it was
+	Ino      uint64 `json:"ino"`
+	Writable bool   `json:"writable,omitempty"`
+	// Stale: it was resized, and its registration dropped for good.
+	Stale bool `json:"stale,omitempty"`
 }
 
 // Keep says what a later process needs to adopt b. EOPNOTSUPP for a
-// buffer no later process can take back yet: a pool's file, one
-// registered in place, one in a store that dies with the process
-// (memfd); ENOENT once freed.
+// buffer no later process can take back yet: a pool's file, one in a
+// store that dies with the process (memfd); ENOENT once freed.
 func (b *Buffer) Keep() (Kept, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
@@ -35,8 +48,6 @@ func (b *Buffer) Keep() (Kept, error) {
 		return Kept{}, fmt.Errorf("keep a buffer: %w", b.gone.err())
 	case b.slot != nil:
 		return Kept{}, fmt.Errorf("keep a pool's file across a restart: not built yet: %w", syscall.EOPNOTSUPP)
-	case b.src != nil:
-		return Kept{}, fmt.Errorf("keep a file registered in place across a restart: not built yet: %w", syscall.EOPNOTSUPP)
 	}
 	k, lasting := b.keptLocked()
 	if !lasting {
@@ -45,12 +56,18 @@ func (b *Buffer) Keep() (Kept, error) {
 	return k, nil
 }
 
-// keptLocked is what a later process needs of b, a buffer neither a
-// slot nor in place; ok is false when its store dies with the process.
-// Callers hold b.mu.
+// keptLocked is what a later process needs of b, a buffer not a slot;
+// ok is false when its store dies with the process. Callers hold b.mu.
 func (b *Buffer) keptLocked() (k Kept, ok bool) {
-	id, ok := store.FileID(b.f)
-	return Kept{File: id, Owner: b.owner, Access: b.access, Generation: uint64(b.gen)}, ok
+	k = Kept{Owner: b.owner, Access: b.access, Generation: uint64(b.gen)}
+	if s := b.src; s != nil {
+		dev, ino := s.ID()
+		k.File = s.id
+		k.Source = &KeptSource{Path: s.Path(), Dev: dev, Ino: ino, Writable: s.Writable(), Stale: s.stale}
+		return k, true
+	}
+	k.File, ok = store.FileID(b.f)
+	return k, ok
 }
 
 // keptChangedLocked tells Options.OnKept of b as it is now. Callers hold
@@ -58,7 +75,7 @@ func (b *Buffer) keptLocked() (k Kept, ok bool) {
 // handed out yet (Create, Adopt): the record that names it will carry
 // its Kept, so none is written before.
 func (b *Buffer) keptChangedLocked() {
-	if b.m.opt.OnKept == nil || b.slot != nil || b.src != nil || b.aux == nil {
+	if b.m.opt.OnKept == nil || b.slot != nil || b.aux == nil {
 		return
 	}
 	if k, ok := b.keptLocked(); ok {

@@ -42,6 +42,10 @@ type Options struct {
 	// manager's, for an owner), in the order of the buffer's changes: it
 	// must not block or call back into the manager (a journal).
 	OnKept func(Kept)
+	// Reopen opens again the source of a registration in place an
+	// earlier process kept (AdoptInPlace): source.Reopen. nil: such
+	// files cannot be taken back.
+	Reopen func(k KeptSource) (Source, error)
 	// PopulateThreshold: a registration of at least this many bytes has
 	// its new pages populated by PopulateWorkers workers first (0 or
 	// less: GOMAXPROCS); 0: never.

@@ -25,13 +25,16 @@ type Source interface {
 	Kind() string
 	// Writable: the caller may write the source, and it is mapped so.
 	Writable() bool
+	// ID is which file it is (its device and inode number).
+	ID() (dev, ino uint64)
 }
 
 // inPlace is a buffer's source; a pointer in Buffer, which most buffers
 // leave nil.
 type inPlace struct {
 	Source
-	stale bool // guarded by the buffer's mu: its source was resized
+	id    uint64 // guarded by the buffer's mu: its id (Kept.File: no store file has it)
+	stale bool   // guarded by the buffer's mu: its source was resized
 }
 
 // SourceInfo is where an in-place buffer's memory comes from.
@@ -47,6 +50,34 @@ const sourceWatch = time.Second
 // a and charged to owner. It takes src: on failure src is closed. EACCES
 // when a writes and src is not writable; EPERM in a pool.
 func (m *Manager) RegisterInPlace(d *Domain, src Source, owner uint32, a verbs.Access) (*Buffer, error) {
+	return m.registerInPlace(d, src, Kept{Owner: owner, Access: a})
+}
+
+// AdoptInPlace takes back a buffer registered in place that an earlier
+// process kept (k.Source): its source opened again (Options.Reopen: the
+// same file at its path), registered anew with k's access, owner and id,
+// its generation going on from k's. A source that is gone, another file,
+// or was stale (resized) is refused: such a file is not taken back.
+func (m *Manager) AdoptInPlace(d *Domain, k Kept) (*Buffer, error) {
+	switch {
+	case k.Source == nil || k.File == 0:
+		return nil, fmt.Errorf("adopt a file registered in place: no source: %w", syscall.EINVAL)
+	case k.Source.Stale:
+		return nil, fmt.Errorf("adopt a file registered in place of %s: its source was resized: %w", k.Source.Path, syscall.ESTALE)
+	case m.opt.Reopen == nil:
+		return nil, fmt.Errorf("adopt a file registered in place of %s: no sources are opened again: %w", k.Source.Path, syscall.EOPNOTSUPP)
+	}
+	src, err := m.opt.Reopen(*k.Source)
+	if err != nil {
+		return nil, fmt.Errorf("adopt a file registered in place: %w", err)
+	}
+	return m.registerInPlace(d, src, k)
+}
+
+// registerInPlace is RegisterInPlace, with the owner and access of k,
+// and its id and generation when k was kept.
+func (m *Manager) registerInPlace(d *Domain, src Source, k Kept) (*Buffer, error) {
+	owner, a := k.Owner, k.Access
 	fail := func(err error) (*Buffer, error) {
 		src.Remove()
 		return nil, fmt.Errorf("register %s in place: %w", src.Path(), err)
@@ -67,12 +98,15 @@ func (m *Manager) RegisterInPlace(d *Domain, src Source, owner uint32, a verbs.A
 	if err != nil {
 		return fail(err)
 	}
-	b := &Buffer{m: m, dom: d, owner: owner, src: &inPlace{Source: src}}
+	in := &inPlace{Source: src}
+	b := &Buffer{m: m, dom: d, owner: owner, gen: uint32(k.Generation), src: in}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, err := m.reserveBuffer(b, d, owner, 0); err != nil {
+	id, err := m.reserveBuffer(b, d, owner, k.File)
+	if err != nil {
 		return fail(err)
 	}
+	in.id = id
 	b.f, b.access = src, a
 	if err := b.registerLocked(context.Background(), size, d, a); err != nil {
 		b.abandonLocked() // closes src
@@ -135,6 +169,7 @@ func (b *Buffer) syncSourceLocked() error {
 		return fmt.Errorf("deregister the stale registration of %s: %w", b.src.Path(), err)
 	}
 	b.src.stale, b.reason = true, "source resized"
+	b.keptChangedLocked()
 	b.settleFileLocked()
 	b.m.mu.Lock()
 	delete(b.m.sources, b)

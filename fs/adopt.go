@@ -65,6 +65,9 @@ func (s *Server) Handover(t *tree.Tree, then func(Handover) error) error {
 	}
 	inos := treeInos(t)
 	return s.kernel.frozen(func(k KernelState) error {
+		for _, id := range k.Links {
+			inos[id] = true
+		}
 		for id := range k.Nodes {
 			if id != fuse.FUSE_ROOT_ID && !inos[id] {
 				return fmt.Errorf("the kernel holds node %d, a removed file still open or mapped: %w", id, syscall.EBUSY)
@@ -217,8 +220,13 @@ func (k *kernel) restore(raw fuse.RawFileSystem, t *tree.Tree, st KernelState) e
 		held[ino] = true
 	}
 	k.mu.Lock()
+	k.partial = st.Partial
 	for id, n := range st.Nodes {
-		k.nodes[id] = n
+		if _, ok := where[id]; ok || id == fuse.FUSE_ROOT_ID {
+			k.nodes[id] = n
+		} else {
+			k.partial = true // a link node: ESTALE until its FORGET
+		}
 	}
 	k.mu.Unlock()
 	for _, h := range st.Handles {
@@ -307,6 +315,6 @@ func (k *kernel) restoreCrashed(raw fuse.RawFileSystem, t *tree.Tree, conn int, 
 			k.unregister(id)
 		}
 	}
-	k.crashed = true
+	k.crashed, k.partial = true, true
 	return nil
 }

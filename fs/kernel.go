@@ -52,6 +52,10 @@ type kernel struct {
 	// crashed: the kernel's view was not handed over (set before
 	// serving).
 	crashed bool
+	// partial: the kernel may hold node ids go-fuse does not know (a
+	// crash's, or link nodes an upgrade left): their requests are
+	// ESTALE, their FORGETs go to no one (set before serving).
+	partial bool
 	// onDone is told of a request that changed the namespace, before its
 	// reply (a test hook's; the tree journals the request with the
 	// change); done are those the dead daemon journaled (set before
@@ -59,9 +63,12 @@ type kernel struct {
 	onDone func(unique uint64)
 	done   map[uint64]bool
 
-	mu sync.Mutex // guards: nodes, handles, restored, backing
+	mu sync.Mutex // guards: nodes, links, handles, restored, backing
 	// nodes are the kernel's lookup counts, by node id.
 	nodes map[uint64]uint64
+	// links are the node ids of those a SYMLINK's reply gave (a
+	// registration in place's link, in no tree: fs/inplace.go).
+	links map[uint64]bool
 	// handles are the kernel's open handles, by its number.
 	handles map[uint64]KernelHandle
 	// restored maps the number of an open made before the restart to
@@ -101,10 +108,18 @@ type KernelState struct {
 	// Base is what the handles' numbers are above: a later daemon numbers
 	// its new handles above every one of them.
 	Base uint64 `json:"base"`
+	// Links are the held nodes that are a SYMLINK's link: in no tree, a
+	// later daemon does not take them (the kernel finds the name's file
+	// at its next lookup).
+	Links []uint64 `json:"links,omitempty"`
+	// Partial: the kernel may hold node ids Nodes leaves out (a
+	// crash's, a link an earlier upgrade left): the next daemon answers
+	// them ESTALE too.
+	Partial bool `json:"partial,omitempty"`
 }
 
 func newKernel(bridge fuse.RawFileSystem) *kernel {
-	return &kernel{RawFileSystem: bridge, nodes: map[uint64]uint64{}, handles: map[uint64]KernelHandle{},
+	return &kernel{RawFileSystem: bridge, nodes: map[uint64]uint64{}, links: map[uint64]bool{}, handles: map[uint64]KernelHandle{},
 		restored: map[uint64]uint64{}, backing: map[uint64]*backingRef{}}
 }
 
@@ -117,12 +132,15 @@ func newKernel(bridge fuse.RawFileSystem) *kernel {
 func (k *kernel) frozen(f func(KernelState) error) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	st := KernelState{Nodes: make(map[uint64]uint64, len(k.nodes)), Base: k.base}
+	st := KernelState{Nodes: make(map[uint64]uint64, len(k.nodes)), Base: k.base, Partial: k.partial}
 	for id, n := range k.nodes {
 		st.Nodes[id] = n
 	}
 	for _, h := range k.handles {
 		st.Handles = append(st.Handles, h)
+	}
+	for id := range k.links {
+		st.Links = append(st.Links, id)
 	}
 	return f(st)
 }
@@ -134,6 +152,9 @@ func (k *kernel) entered(st fuse.Status, out *fuse.EntryOut) {
 	}
 	k.mu.Lock()
 	k.nodes[out.NodeId]++
+	if out.Attr.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		k.links[out.NodeId] = true
+	}
 	k.mu.Unlock()
 }
 
@@ -285,9 +306,10 @@ func (k *kernel) answer(cancel <-chan struct{}, h *fuse.InHeader, name string, o
 }
 
 // known says whether go-fuse knows the node ids the kernel names: after
-// a crash, not one the kernel held that no one could look up again.
+// a crash, not one the kernel held that no one could look up again; after
+// an upgrade, not a link node.
 func (k *kernel) known(ids ...uint64) fuse.Status {
-	if !k.crashed {
+	if !k.partial {
 		return fuse.OK
 	}
 	k.mu.Lock()
@@ -333,10 +355,13 @@ func (k *kernel) Forget(nodeid, nlookup uint64) {
 	k.mu.Lock()
 	n := k.nodes[nodeid]
 	var drop int32
-	if k.crashed {
+	if k.partial {
 		// The kernel counts lookups from before the crash too, and
-		// drops a node whole: go-fuse's count is all there is to forget.
+		// drops a node whole: go-fuse's count is all there is to forget
+		// (none of a node it does not know).
 		nlookup = min(nlookup, n)
+	}
+	if k.crashed {
 		if b := k.backing[nodeid]; b != nil && b.pre && nlookup == n {
 			b.pre = false
 			drop = k.unback(nodeid, b)
@@ -344,6 +369,7 @@ func (k *kernel) Forget(nodeid, nlookup uint64) {
 	}
 	if nlookup >= n {
 		delete(k.nodes, nodeid)
+		delete(k.links, nodeid)
 	} else {
 		k.nodes[nodeid] = n - nlookup
 	}

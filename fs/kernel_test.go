@@ -10,6 +10,11 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"mrfs/buffer"
+	"mrfs/tree"
+	"mrfs/verbs"
+	"mrfs/verbs/soft"
 )
 
 // forgets is a bridge that only counts the FORGETs it is given.
@@ -120,7 +125,7 @@ func (b *bridge) Forget(nodeid, nlookup uint64) {
 func TestKernelAfterCrash(t *testing.T) {
 	b := newBridge()
 	k := newKernel(b)
-	k.crashed, k.base = true, 1<<40
+	k.crashed, k.partial, k.base = true, true, 1<<40
 	k.nodes[5] = 1  // looked up again by the restore
 	const stale = 7 // a handle the dead daemon gave
 
@@ -189,5 +194,54 @@ func TestKernelBackingFollowsGoFuse(t *testing.T) {
 	k.released(3)
 	if want := []string{"5:10", "5:11", "5:0"}; !slices.Equal(notes, want) || len(dropped) != 0 {
 		t.Errorf("journaled %v, want %v; given back %v, want none (go-fuse's own)", notes, want, dropped)
+	}
+}
+
+// TestKernelLinksAfterUpgrade: the link a SYMLINK's reply gave (a
+// registration in place's, in no tree) is handed over as such; the next
+// daemon, which cannot look it up, answers it ESTALE and keeps its FORGET
+// from go-fuse, and says so to the daemon after it (Partial), as after a
+// crash.
+func TestKernelLinksAfterUpgrade(t *testing.T) {
+	dev, err := soft.New(soft.Options{}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	mgr := buffer.NewManager(dev, buffer.Options{Allowed: verbs.LocalWrite}, nil)
+	defer mgr.Close()
+	tr, err := tree.New(mgr, tree.Options{DefaultSize: 4096, DefaultAccess: verbs.LocalWrite}, verbs.LocalWrite, tree.Owner{}, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const link = 9
+	old := newKernel(fuse.NewDefaultRawFileSystem())
+	old.entered(fuse.OK, &fuse.EntryOut{NodeId: link, Attr: fuse.Attr{Mode: syscall.S_IFLNK | 0o777}})
+	old.entered(fuse.OK, &fuse.EntryOut{NodeId: 3, Attr: fuse.Attr{Mode: syscall.S_IFREG | 0o600}})
+	var st KernelState
+	old.frozen(func(s KernelState) error { st = s; return nil })
+	if !slices.Equal(st.Links, []uint64{link}) || st.Partial {
+		t.Errorf("handed over links %v, partial %v; want [%d], false", st.Links, st.Partial, link)
+	}
+
+	bridge := &forgets{RawFileSystem: fuse.NewDefaultRawFileSystem(), got: map[uint64]uint64{}}
+	k := newKernel(bridge)
+	if err := k.restore(bridge, tr, KernelState{Nodes: map[uint64]uint64{fuse.FUSE_ROOT_ID: 1, link: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := k.known(link); got != fuse.Status(syscall.ESTALE) {
+		t.Errorf("a request for the link after the upgrade: %v, want ESTALE", got)
+	}
+	k.Forget(link, 1)
+	if len(bridge.got) != 0 {
+		t.Errorf("the link's FORGET reached go-fuse, which never knew it: %v", bridge.got)
+	}
+	k.frozen(func(s KernelState) error { st = s; return nil })
+	next := newKernel(bridge)
+	if err := next.restore(bridge, tr, st); err != nil {
+		t.Fatal(err)
+	}
+	if got := next.known(link); !st.Partial || got != fuse.Status(syscall.ESTALE) {
+		t.Errorf("the daemon after: partial %v, a request for a node nobody knows: %v, want ESTALE", st.Partial, got)
 	}
 }

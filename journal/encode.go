@@ -80,6 +80,19 @@ func appendKept(b []byte, k *buffer.Kept) []byte {
 	b = appendUint(b, `,"Owner":`, uint64(k.Owner), false)
 	b = appendUint(b, `,"Access":`, uint64(k.Access), false)
 	b = appendUint(b, `,"Generation":`, k.Generation, false)
+	if s := k.Source; s != nil {
+		b = append(b, `,"source":{"path":`...)
+		b = appendString(b, s.Path)
+		b = appendUint(b, `,"dev":`, s.Dev, false)
+		b = appendUint(b, `,"ino":`, s.Ino, false)
+		if s.Writable {
+			b = append(b, `,"writable":true`...)
+		}
+		if s.Stale {
+			b = append(b, `,"stale":true`...)
+		}
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 

@@ -48,6 +48,11 @@ func TestAppendChangeIsJSON(t *testing.T) {
 				r.Node.Dir.Token = names[rng.Intn(len(names))]
 			}
 		}
+		for _, k := range []*buffer.Kept{r.Kept, nodeFile(r.Node)} {
+			if k != nil && k.Source != nil {
+				k.Source.Path = names[rng.Intn(len(names))]
+			}
+		}
 		want, err := json.Marshal(&r)
 		if err != nil {
 			t.Fatal(err)
@@ -57,6 +62,13 @@ func TestAppendChangeIsJSON(t *testing.T) {
 			t.Fatalf("record %d:\n got %s\nwant %s", i, buf, want)
 		}
 	}
+}
+
+func nodeFile(n *tree.NodeState) *buffer.Kept {
+	if n == nil {
+		return nil
+	}
+	return n.File
 }
 
 // BenchmarkAppendChange: what encoding a create's "made" record costs,

@@ -209,6 +209,9 @@ func (m *model) apply(r record) {
 		f := m.nodes[ino].File
 		f.Owner, f.Access = r.Kept.Owner, r.Kept.Access
 		f.Generation = max(f.Generation, r.Kept.Generation)
+		if s := r.Kept.Source; s != nil && f.Source != nil {
+			f.Source.Stale = f.Source.Stale || s.Stale // for good
+		}
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"mrfs/internal/config"
 	"mrfs/internal/gcpace"
 	"mrfs/publish"
+	"mrfs/source"
 	"mrfs/store"
 	"mrfs/tree"
 	"mrfs/verbs"
@@ -160,6 +161,9 @@ func start(opt Options) (_ *parts, err error) {
 	mopt := managerOptions(cfg, budget, st, p.pub, mapReserve, log)
 	if p.journal != nil {
 		mopt.OnKept = p.journal.j.Kept
+	}
+	mopt.Reopen = func(k buffer.KeptSource) (buffer.Source, error) {
+		return source.Reopen(k.Path, k.Dev, k.Ino, k.Writable)
 	}
 	p.mgr = buffer.NewManager(p.dev, mopt, log)
 	p.mx.watch(p.mgr)

@@ -375,15 +375,15 @@ func notFuse(dir int, path string) error {
 
 // kindOf is "tmpfs" or "hugetlbfs", by the filesystem of fd, which must
 // be a regular file of one of them: memory that stays put while pinned;
-// and the file's size.
-func kindOf(fd int) (string, int64, error) {
+// and the file's stat.
+func kindOf(fd int) (string, unix.Stat_t, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return "", 0, fmt.Errorf("fstat: %w", err)
+		return "", st, fmt.Errorf("fstat: %w", err)
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &sfs); err != nil {
-		return "", 0, fmt.Errorf("fstatfs: %w", err)
+		return "", st, fmt.Errorf("fstatfs: %w", err)
 	}
 	kind := ""
 	switch sfs.Type {
@@ -393,26 +393,56 @@ func kindOf(fd int) (string, int64, error) {
 		kind = "hugetlbfs"
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || kind == "" {
-		return "", 0, fmt.Errorf("not memory that can stay pinned (filesystem 0x%x, mode 0%o); registration in place takes %s: %w", sfs.Type, st.Mode, Kinds, syscall.EINVAL)
+		return "", st, fmt.Errorf("not memory that can stay pinned (filesystem 0x%x, mode 0%o); registration in place takes %s: %w", sfs.Type, st.Mode, Kinds, syscall.EINVAL)
 	}
-	return kind, st.Size, nil
+	return kind, st, nil
 }
 
 // check makes a File of fd, an open source, if it is shared memory of a
 // size > 0. A memfd (tmpfs or hugetlbfs by its filesystem) is labelled
 // so.
 func check(fd int, path string) (*File, error) {
-	kind, size, err := kindOf(fd)
+	kind, st, err := kindOf(fd)
 	if err != nil {
 		return nil, err
 	}
-	if size <= 0 {
+	if st.Size <= 0 {
 		return nil, fmt.Errorf("the source is empty: give it a size first: %w", syscall.EINVAL)
 	}
 	if link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil && strings.HasPrefix(link, "/memfd:") {
 		kind = "memfd"
 	}
-	return &File{fd: fd, path: path, kind: kind, size: uint64(size)}, nil
+	return &File{fd: fd, path: path, kind: kind, size: uint64(st.Size), dev: st.Dev, ino: st.Ino}, nil
+}
+
+// Reopen opens again, after a restart of the daemon (DESIGN, Restart),
+// the source a registration in place had open: path as the daemon
+// resolves it, read-write when write is set, and only if it is still
+// the file it was (dev, ino; ESTALE otherwise: a file put at the path
+// since). It is opened with the daemon's credentials: being the same file, what
+// the registration had open before, it gives no more than its
+// registrant had. A source the daemon cannot reach by the path (a memfd
+// of a process gone, a file removed, one in another mount namespace) is
+// not found.
+func Reopen(path string, dev, ino uint64, write bool) (*File, error) {
+	flags := unix.O_RDONLY
+	if write {
+		flags = unix.O_RDWR
+	}
+	fd, err := openIn(path, 0, flags)
+	if err != nil {
+		return nil, fmt.Errorf("source %s: %w", path, err)
+	}
+	f, err := check(fd, path)
+	if err == nil && (f.dev != dev || f.ino != ino) {
+		err = fmt.Errorf("it is another file now (inode %d on %#x, was %d on %#x): %w", f.ino, f.dev, ino, dev, syscall.ESTALE)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("source %s: %w", path, err)
+	}
+	f.writable = write
+	return f, nil
 }
 
 // File is an open source: the buffer's file for the buffer layer. It
@@ -424,6 +454,7 @@ type File struct {
 	kind     string
 	size     uint64 // at open: the size registered
 	writable bool
+	dev, ino uint64 // which file it is
 }
 
 var _ store.File = (*File)(nil)
@@ -436,6 +467,9 @@ func (f *File) Kind() string { return f.kind }
 // Writable says whether the caller may write the source (it was opened
 // read-write).
 func (f *File) Writable() bool { return f.writable }
+
+// ID is which file the source is, for Reopen.
+func (f *File) ID() (dev, ino uint64) { return f.dev, f.ino }
 
 // Stat is the source's size now, and as held the whole of it: every page
 // of a registration in place is pinned, so charged, whatever the source

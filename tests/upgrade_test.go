@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -615,5 +616,106 @@ func TestCrashResentNotAppliedTwice(t *testing.T) {
 	}
 	if b, err := os.ReadFile(d.path("new")); err != nil || string(b) != "new" {
 		t.Errorf("the created file: %q %v", b, err)
+	}
+}
+
+// TestRestartKeepsInPlace: files registered in place (ln -s of a
+// /dev/shm file) are kept through an upgrade and a crash under a keeper:
+// the same inode, mode, owner, size and bytes, a new registration
+// (generation one more) of the same source, which a mapping of the file
+// from before and the source itself still share both ways, charged
+// once. A file whose source was removed meanwhile, and one whose path
+// is another file now, are not taken back (their names go, the rest of
+// the mount stays).
+func TestRestartKeepsInPlace(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Keeper: true})
+	const size = 64 << 10
+	src, data := shmSource(t, "keep", size, 0, 0o600)
+	if err := os.Symlink(src, d.path("kept")); err != nil {
+		t.Fatal(err)
+	}
+	fh, m := mapShared(t, d.path("kept"), size) // open through the restarts
+	before := nodeFacts(t, d.path("kept"))
+	if !bytes.Equal(m, data) {
+		t.Fatal("the mapping of a file registered in place does not show its source")
+	}
+	charged := readStats(t, d.mnt).ChargedBytes
+	for i, restart := range []struct {
+		what string
+		do   func()
+	}{
+		{"upgrade", func() {
+			if out, err := upgrade(t, d); err != nil {
+				t.Fatalf("mrfs upgrade: %v\n%s", err, out)
+			}
+		}},
+		{"crash", func() { killDaemon(t, d) }},
+	} {
+		// Sources that cannot be taken back: one removed, one replaced,
+		// one resized (its registration dropped for good: stale).
+		gone, _ := shmSource(t, fmt.Sprintf("gone%d", i), size, 0, 0o600)
+		moved, _ := shmSource(t, fmt.Sprintf("moved%d", i), size, 0, 0o600)
+		resized, _ := shmSource(t, fmt.Sprintf("resized%d", i), size, 0, 0o600)
+		for name, p := range map[string]string{"gone": gone, "moved": moved, "resized": resized} {
+			if err := os.Symlink(p, d.path(name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Truncate(resized, 2*size); err != nil {
+			t.Fatal(err)
+		}
+		if st := mustXattr(t, d.path("resized"), xState); !strings.Contains(st, "stale") {
+			t.Fatalf("a file registered in place whose source was resized: state %q, want stale", st)
+		}
+		if err := os.Remove(gone); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(moved, moved+".old"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(moved + ".old") })
+		if err := os.WriteFile(moved, make([]byte, size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		desc := descOf(t, d.path("kept"))
+		restart.do()
+		if got := nodeFacts(t, d.path("kept")); got != before {
+			t.Errorf("after the %s: %s, was %s", restart.what, got, before)
+		}
+		if got := descOf(t, d.path("kept")); got.Generation != desc.Generation+1 {
+			t.Errorf("after the %s: generation %d, was %d", restart.what, got.Generation, desc.Generation)
+		}
+		for _, name := range []string{"gone", "moved", "resized"} {
+			if _, err := os.Stat(d.path(name)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("after the %s, a file registered in place whose source is %s: %v, want it gone", restart.what, name, err)
+			}
+		}
+		// The old mapping, the source and the mount are one memory.
+		m[i] = 0xa5
+		got := make([]byte, 1)
+		if f, err := os.Open(src); err != nil {
+			t.Fatal(err)
+		} else if _, err := f.ReadAt(got, int64(i)); err != nil || got[0] != 0xa5 {
+			t.Errorf("after the %s, a write through the mapping from before reads %x from the source (%v)", restart.what, got, err)
+		} else {
+			f.Close()
+		}
+		if f, err := os.OpenFile(src, os.O_RDWR, 0); err != nil {
+			t.Fatal(err)
+		} else {
+			f.WriteAt([]byte{0x5a}, size-1-int64(i))
+			f.Close()
+		}
+		if b, err := os.ReadFile(d.path("kept")); err != nil || b[size-1-i] != 0x5a || m[size-1-i] != 0x5a {
+			t.Errorf("after the %s, a write to the source is not read through the mount and the mapping (%v)", restart.what, err)
+		}
+		if _, err := fh.WriteAt([]byte{0x3c}, size/2+int64(i)); err != nil || m[size/2+i] != 0x3c {
+			t.Errorf("after the %s, a write through the descriptor from before: %v, the mapping reads %x", restart.what, err, m[size/2+i])
+		}
+		before = nodeFacts(t, d.path("kept"))
+		if c := readStats(t, d.mnt).ChargedBytes; c != charged {
+			t.Errorf("after the %s, %d bytes charged, was %d", restart.what, c, charged)
+		}
 	}
 }

@@ -261,6 +261,18 @@ func restore(t *Tree, st State) (*Tree, error) {
 			d.ino, d.meta = ns.Ino, m
 			dirs[ns.Ino] = d
 			n = d
+		} else if ns.File.Source != nil {
+			// Memory a client brought: its source may be gone, or another
+			// file now; then the name goes, and the source keeps its bytes.
+			buf, err := t.mgr.AdoptInPlace(parent.dom, *ns.File)
+			if err != nil {
+				t.log.Warn("a file registered in place is not restored: its name goes", "ino", ns.Ino, "name", ns.Name, "err", err)
+				continue
+			}
+			f := &File{buf: buf, t: t}
+			f.ino, f.meta = ns.Ino, m
+			buf.SetAux(f)
+			n = f
 		} else {
 			buf, err := t.mgr.Adopt(parent.dom, *ns.File)
 			if buf == nil {
