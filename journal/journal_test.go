@@ -11,9 +11,9 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -569,25 +569,53 @@ func (c *countingFile) ReadAt(p []byte, off int64) (int, error) {
 	return c.File.ReadAt(p, off)
 }
 
-// TestJournalRefusesLost: a pool in the journal makes it unrestorable
-// while it lives, and restorable again once removed.
-func TestJournalRefusesLost(t *testing.T) {
+// TestJournalLeavesOutLost: a pool in the journal (its slots die with
+// the process) is left out of what it restores, with its files, and said
+// to be lost; the rest is restored, before a compaction and after it;
+// once the pool is removed, nothing is lost.
+func TestJournalLeavesOutLost(t *testing.T) {
 	x := newJournaled(t)
-	p, err := x.tr.Root().Mkdir(0, "pool", tree.Owner{}, 0o755, nil)
+	root := x.tr.Root()
+	p, err := root.Mkdir(0, "pool", tree.Owner{}, 0o755, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.MakePool(page, 2, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := journal.Replay(x.f, x.j.Size()); !errors.Is(err, syscall.EOPNOTSUPP) {
-		t.Errorf("Replay with a pool: %v, want EOPNOTSUPP", err)
+	if _, err := p.Create(0, "slot", tree.Owner{}, 0o600, nil); err != nil {
+		t.Fatal(err)
 	}
-	if err := x.tr.Root().Rmdir(0, "pool"); err != nil {
+	if _, err := root.Create(0, "kept", tree.Owner{}, 0o600, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, when := range []string{"before a compaction", "after one"} {
+		rec, err := journal.Recover(x.f, x.j.Size())
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		var names []string
+		for _, n := range rec.Tree.Nodes {
+			names = append(names, n.Name)
+		}
+		if !slices.Equal(names, []string{"", "kept"}) || len(rec.Lost) != 1 || !strings.Contains(rec.Lost[0], `"pool"`) || !strings.Contains(rec.Lost[0], "holding 1") {
+			t.Errorf("%s: restores %q, lost %q; want the root and kept, the pool lost with its file", when, names, rec.Lost)
+		}
+		if err := x.j.Compact(x.tr.Checkpoint); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Unlink(0, "slot"); err != nil {
+		t.Fatal(err)
+	}
+	if err := root.Rmdir(0, "pool"); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := x.tr.State()
 	wantSame(t, "after the pool went", x.replay(t), want)
+	if rec, err := journal.Recover(x.f, x.j.Size()); err != nil || len(rec.Lost) != 0 {
+		t.Errorf("after the pool went: lost %q, %v", rec.Lost, err)
+	}
 }
 
 // TestJournalCrossesWindows: records are copied into a mapping of the

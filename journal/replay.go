@@ -18,8 +18,8 @@ import (
 // the last whole state record, the changes written from its offset on
 // applied again, then the changes after it. A last line a crash cut short
 // is ignored. EINVAL for a journal with no state, or whose records do
-// not make a tree; EOPNOTSUPP while a node that cannot be kept (a pool, a
-// file registered in place) lives.
+// not make a tree. A node that cannot be kept (a pool) is left out
+// (Recover says which).
 func Replay(r io.ReaderAt, size int64) (tree.State, error) {
 	rec, err := Recover(r, size)
 	return rec.Tree, err
@@ -34,6 +34,9 @@ type Recovered struct {
 	// Done are the FUSE uniques of the last requests that changed the
 	// namespace (the tree.Req of the records that completed them).
 	Done map[uint64]bool
+	// Lost are the nodes no later process can take back (a pool and its
+	// files), left out of Tree with what they hold: their names and why.
+	Lost []string
 }
 
 // Recover is Replay, with the backing ids the kernel held. A file (r
@@ -84,8 +87,17 @@ func Recover(r io.ReaderAt, size int64) (Recovered, error) {
 		}
 		m.apply(r)
 	}
-	t, err := m.state()
-	return Recovered{Tree: t, Backing: m.backing, Done: m.done}, err
+	t, lost, err := m.state()
+	return Recovered{Tree: t, Backing: m.backing, Done: m.done, Lost: lost}, err
+}
+
+// countUnder is how many nodes are under node ino, at any depth.
+func countUnder(kids map[uint64][]*tree.NodeState, ino uint64) int {
+	n := 0
+	for _, k := range kids[ino] {
+		n += 1 + countUnder(kids, k.Ino)
+	}
+	return n
 }
 
 // line is a whole line of the journal and where it starts.
@@ -216,38 +228,44 @@ func (m *model) apply(r record) {
 }
 
 // state is the model as a tree.State: the root, then each directory
-// before what it holds.
-func (m *model) state() (tree.State, error) {
+// before what it holds. A node no later process can take back (Lost: a
+// pool, whose slots died with the process) is left out with what it
+// holds; lost says which, and why.
+func (m *model) state() (_ tree.State, lost []string, _ error) {
 	root := m.nodes[1]
-	if root == nil || root.Dir == nil {
-		return tree.State{}, fmt.Errorf("the journal's namespace has no root: %w", syscall.EINVAL)
+	if root == nil || root.Dir == nil || root.Lost != "" {
+		return tree.State{}, nil, fmt.Errorf("the journal's namespace has no root: %w", syscall.EINVAL)
 	}
 	kids := map[uint64][]*tree.NodeState{}
 	for _, n := range m.nodes {
-		if n.Lost != "" {
-			return tree.State{}, fmt.Errorf("node %d (%q) cannot be kept across a restart: %s: %w", n.Ino, n.Name, n.Lost, syscall.EOPNOTSUPP)
-		}
 		if n.Ino != 1 {
 			kids[n.Parent] = append(kids[n.Parent], n)
 		}
 	}
 	st := tree.State{LastIno: m.lastIno}
+	left := 0 // nodes left out
 	queue := []*tree.NodeState{root}
 	for len(queue) > 0 {
 		n := queue[0]
 		queue = queue[1:]
-		st.Nodes = append(st.Nodes, *n)
 		ks := kids[n.Ino]
+		if n.Lost != "" {
+			under := countUnder(kids, n.Ino)
+			left += 1 + under
+			lost = append(lost, fmt.Sprintf("%q (node %d, holding %d): %s", n.Name, n.Ino, under, n.Lost))
+			continue
+		}
+		st.Nodes = append(st.Nodes, *n)
 		slices.SortFunc(ks, func(a, b *tree.NodeState) int { return cmp.Compare(a.Ino, b.Ino) })
 		for _, k := range ks {
 			if n.Dir == nil {
-				return tree.State{}, fmt.Errorf("node %d is in node %d, not a directory: %w", k.Ino, n.Ino, syscall.EINVAL)
+				return tree.State{}, nil, fmt.Errorf("node %d is in node %d, not a directory: %w", k.Ino, n.Ino, syscall.EINVAL)
 			}
 			queue = append(queue, k)
 		}
 	}
-	if len(st.Nodes) != len(m.nodes) {
-		return tree.State{}, fmt.Errorf("the journal's namespace has %d nodes outside the tree: %w", len(m.nodes)-len(st.Nodes), syscall.EINVAL)
+	if len(st.Nodes)+left != len(m.nodes) {
+		return tree.State{}, nil, fmt.Errorf("the journal's namespace has %d nodes outside the tree: %w", len(m.nodes)-len(st.Nodes)-left, syscall.EINVAL)
 	}
-	return st, nil
+	return st, lost, nil
 }

@@ -227,6 +227,9 @@ func start(opt Options) (_ *parts, err error) {
 		switch {
 		case err == nil && inh.crashed:
 			log.Warn("took over the mount of a daemon that died: its buffers and names are kept; keys are new", "restarts", p.life.restarts)
+			for _, l := range inh.lost {
+				log.Warn("left out of the mount taken over (the daemon that died could not keep it): its names go", "node", l)
+			}
 		case err == nil:
 			served()
 			log.Info("upgraded in place: the mount, its buffers and its names are kept; keys are new", "restarts", p.life.restarts)

@@ -64,6 +64,8 @@ type inherited struct {
 	crashed bool
 	backing map[uint64]int32
 	done    map[uint64]bool
+	// lost are what the journal held that no restart takes back (pools).
+	lost []string
 }
 
 // back is what FallBack hands the program before, while this one has
@@ -175,7 +177,7 @@ func takeCrashed() (*inherited, error) {
 		return nil, fmt.Errorf("take over the mount of a daemon that died: its journal: %w", err)
 	}
 	return &inherited{conn: conn, init: init, store: stfd, crashed: true, backing: rec.Backing, done: rec.Done,
-		state: restartState{Tree: rec.Tree, Restarts: restarts}}, nil
+		lost: rec.Lost, state: restartState{Tree: rec.Tree, Restarts: restarts}}, nil
 }
 
 // keepBack keeps copies of what in was handed, for FallBack.

@@ -47,8 +47,10 @@ func (s *tmpfs) Open(id uint64) (File, error) {
 
 // AdoptTmpfs takes the tmpfs store whose root is root, a descriptor an
 // earlier process's Handover gave, made with opt. What that process had
-// reserved (Reserve) stays reserved: the instance's own size says how
-// much. The store owns root.
+// reserved (Reserve, for pools, which no restart takes back: their
+// memory died with it, or is a client's mapping's, outside the store and
+// pinned by no one) is given back: the instance's size is opt's again,
+// or what its files hold if they hold more. The store owns root.
 func AdoptTmpfs(root int, opt TmpfsOptions) (Lasting, error) {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(root, &st); err != nil {
@@ -62,7 +64,9 @@ func AdoptTmpfs(root int, opt TmpfsOptions) (Lasting, error) {
 		if size > opt.Size {
 			return nil, fmt.Errorf("adopt the tmpfs store: it is %d bytes, more than its size %d: %w", size, opt.Size, syscall.EINVAL)
 		}
-		s.res.n = opt.Size - size
+		if size < opt.Size && s.resize(opt.Size) != nil {
+			s.res.n = opt.Size - size // refusals come early; nothing leaks
+		}
 	}
 	return s, nil
 }

@@ -719,3 +719,34 @@ func TestRestartKeepsInPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestCrashLeavesOutPool: a daemon under a keeper that dies with a pool
+// (whose slots, memfds, die with it) is taken over without the pool: its
+// names go, with a warning, the rest is kept, and the room the store had
+// reserved for it is given back (a pool as big again fits the budget).
+func TestCrashLeavesOutPool(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{Keeper: true, Buffers: "max_pinned = \"64MiB\""})
+	makePool(t, d, "pool", "1MiB", 40)
+	if err := os.WriteFile(d.path("pool", "slot"), []byte("lost"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := patternBytes(1 << 20)
+	if err := os.WriteFile(d.path("kept"), want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	killDaemon(t, d)
+	if got, err := os.ReadFile(d.path("kept")); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("a file after the crash: %v (%d bytes)", err, len(got))
+	}
+	if _, err := os.Stat(d.path("pool")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the pool after the crash: %v, want it gone", err)
+	}
+	if !strings.Contains(d.stderr.String(), "left out of the mount taken over") {
+		t.Errorf("no warning of the pool left out:\n%s", d.stderr)
+	}
+	if s := readStats(t, d.mnt); s.Restarts != 1 {
+		t.Errorf("after the crash: %d restarts, want 1", s.Restarts)
+	}
+	makePool(t, d, "again", "1MiB", 40)
+}
