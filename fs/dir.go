@@ -83,6 +83,9 @@ func (n *dirNode) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.Set
 // serialized against UNLINK and RENAME, and go-fuse's default lookup
 // would put back a node they just removed.
 func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if n.fsys.OnLookup != nil {
+		n.fsys.OnLookup(name)
+	}
 	c, err := n.dir.Lookup(name)
 	if err != nil {
 		return nil, toErrno(n.fsys.log, "lookup", err)

@@ -51,6 +51,9 @@ type Options struct {
 	// namespace (its FUSE unique), once applied: a test hook's (the tree
 	// journals the request with the change). nil: none.
 	OnDone func(unique uint64)
+	// OnLookup is told each name looked up before it is answered (a test
+	// hook's). nil: none.
+	OnLookup func(name string)
 	// OnServe is called with the daemon's descriptor of the connection
 	// and the kernel's INIT once the connection is made or adopted,
 	// before the first request is read (a keeper is handed them: no

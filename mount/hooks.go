@@ -157,3 +157,23 @@ func testDieAtDone(log *slog.Logger) string {
 	}
 	return v
 }
+
+// lookupHoldEnv is a test hook: while the file it names exists, a lookup
+// of the name "hold" waits (a minute at most) before it is answered,
+// holding its directory's lock in the kernel, as a slow one would.
+const lookupHoldEnv = "MRFS_TEST_LOOKUP_HOLD"
+
+func testLookupHold(log *slog.Logger) func(name string) {
+	file := os.Getenv(lookupHoldEnv)
+	if file == "" {
+		return nil
+	}
+	log.Warn("test hook: a lookup of hold waits while this file exists", "hook", lookupHoldEnv, "file", file)
+	return func(name string) {
+		for end := time.Now().Add(time.Minute); name == "hold" && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(file); err != nil {
+				return
+			}
+		}
+	}
+}

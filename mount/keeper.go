@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -116,11 +118,11 @@ func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger, first FirstSta
 		}
 		started, restart := time.Now(), held != nil
 		var handed bool
-		held, handed, err = keepWhile(cmd, mine, held, sigs, log)
+		var st syscall.WaitStatus
+		held, handed, st, err = keepWhile(cmd, mine, held, sigs, log)
 		if err != nil {
 			return 0, err
 		}
-		st := cmd.ProcessState.Sys().(syscall.WaitStatus)
 		// A daemon started again that fails before it takes the mount
 		// over is tried again, as a crash is.
 		failedRestart := restart && !handed && st.ExitStatus() != 0
@@ -128,7 +130,7 @@ func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger, first FirstSta
 			return st.ExitStatus(), nil
 		}
 		if held == nil {
-			return 0, fmt.Errorf("keeper: the daemon died (%v) before it handed the mount over", cmd.ProcessState)
+			return 0, fmt.Errorf("keeper: the daemon died (%s) before it handed the mount over", statusString(st))
 		}
 		if time.Since(started) < crashWindow {
 			crashes = append(crashes, started)
@@ -136,23 +138,32 @@ func Keep(args []string, sigs <-chan os.Signal, log *slog.Logger, first FirstSta
 			crashes = nil
 		}
 		if len(crashes) >= crashLoop {
-			return 0, fmt.Errorf("keeper: the daemon died %d times within %s of its start (last: %v); the mount goes", len(crashes), crashWindow, cmd.ProcessState)
+			return 0, fmt.Errorf("keeper: the daemon died %d times within %s of its start (last: %s); the mount goes", len(crashes), crashWindow, statusString(st))
 		}
-		log.Warn("keeper: the daemon died; starting another to take the mount over", "status", cmd.ProcessState.String(),
+		log.Warn("keeper: the daemon died; starting another to take the mount over", "status", statusString(st),
 			"pid", cmd.Process.Pid, "restarts", held.restarts+1)
 	}
 }
 
+// stuckExit is how long a daemon whose main thread has exited may take
+// for its other threads: one stuck in a request to its own mount (the
+// kernel drops a name under its directory's lock, which a LOOKUP waiting
+// for that very daemon holds) leaves only once another daemon answers.
+const stuckExit = time.Second
+
 // keepWhile takes the sets the daemon cmd hands over (sock) while it
 // runs, passes stop signals on, and reaps it. It returns the last set,
-// and whether cmd handed one: sets still queued when the daemon died are
-// read before it returns.
-func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, log *slog.Logger) (_ *keptSet, handed bool, _ error) {
+// whether cmd handed one (sets still queued when the daemon died are
+// read before it returns), and how it ended. A daemon dying (its main
+// thread gone) that has not ended stuckExit later is taken as ended, by
+// its main thread's status: its other threads may wait for the next
+// daemon; it is reaped when they are done.
+func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, log *slog.Logger) (_ *keptSet, handed bool, _ syscall.WaitStatus, _ error) {
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
-		return held, false, fmt.Errorf("keeper: pidfd_open: %w", err)
+		return held, false, 0, fmt.Errorf("keeper: pidfd_open: %w", err)
 	}
 	defer unix.Close(pidfd)
 	// Stop signals go to the daemon, whose exit ends the poll.
@@ -169,12 +180,22 @@ func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, lo
 			}
 		}
 	}()
+	var dying time.Time           // when its main thread was first seen gone
+	var stuck *syscall.WaitStatus // its status, taken as the end
 	for exited := false; !exited; {
 		fds := []unix.PollFd{{Fd: int32(sock), Events: unix.POLLIN}, {Fd: int32(pidfd), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
-			return held, handed, fmt.Errorf("keeper: poll: %w", err)
+		if _, err := unix.Poll(fds, int(stuckExit/4/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
+			return held, handed, 0, fmt.Errorf("keeper: poll: %w", err)
 		}
 		exited = fds[1].Revents != 0
+		if st, ok := mainThreadEnded(cmd.Process.Pid); !exited && ok {
+			if dying.IsZero() {
+				dying = time.Now()
+			}
+			if time.Since(dying) >= stuckExit {
+				exited, stuck = true, &st
+			}
+		}
 		// After the exit, every set still queued is read (the last one
 		// counts), without waiting.
 		for fds[0].Revents != 0 || exited {
@@ -194,9 +215,43 @@ func keepWhile(cmd *exec.Cmd, sock int, held *keptSet, sigs <-chan os.Signal, lo
 			}
 		}
 	}
+	if stuck != nil {
+		log.Warn("keeper: the daemon died, and a thread of it waits in a request to its own mount: the next daemon answers it",
+			"status", statusString(*stuck), "pid", cmd.Process.Pid)
+		go cmd.Wait()
+		return held, handed, *stuck, nil
+	}
 	cmd.Wait()
 	log.Info("keeper: the daemon ended", "status", cmd.ProcessState.String(), "pid", cmd.Process.Pid)
-	return held, handed, nil
+	return held, handed, cmd.ProcessState.Sys().(syscall.WaitStatus), nil
+}
+
+// mainThreadEnded says whether process pid's main thread has ended (a
+// zombie while other threads live on) and its exit status, from
+// /proc/PID/stat (exit_code, the 52nd field, as wait(2) gives it).
+func mainThreadEnded(pid int) (syscall.WaitStatus, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:])) // from the 3rd field, the state
+	if len(f) < 50 || f[0] != "Z" {
+		return 0, false
+	}
+	code, err := strconv.Atoi(f[49])
+	return syscall.WaitStatus(code), err == nil
+}
+
+// statusString says how a daemon ended, as os.ProcessState does.
+func statusString(st syscall.WaitStatus) string {
+	if st.Signaled() {
+		return "signal: " + st.Signal().String()
+	}
+	return "exit status " + strconv.Itoa(st.ExitStatus())
 }
 
 // recvKept reads one set from sock, without waiting (EAGAIN: none).

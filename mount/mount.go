@@ -209,6 +209,7 @@ func start(opt Options) (_ *parts, err error) {
 		Gone:     p.watch.Gone,
 		Upgrade:  func(binary string) error { return p.startUpgrade(binary, log) },
 		Life:     p.life.get,
+		OnLookup: testLookupHold(log),
 	}
 	if p.journal != nil {
 		fopt.OnBacking = p.journal.j.Backing

@@ -750,3 +750,55 @@ func TestCrashLeavesOutPool(t *testing.T) {
 	}
 	makePool(t, d, "again", "1MiB", 40)
 }
+
+// TestCrashWhileNameDrops: a daemon under a keeper SIGKILLed while it
+// tells the kernel to drop a name (FUSE_NOTIFY_INVAL_ENTRY) that waits
+// for its directory's lock, which a LOOKUP waiting for that same daemon
+// holds (a test hook holds the lookup): the daemon cannot end until the
+// lookup is answered, and only the next daemon can answer it. The
+// keeper starts the next one anyway, which answers, and the mount goes
+// on.
+func TestCrashWhileNameDrops(t *testing.T) {
+	t.Parallel()
+	trigger := filepath.Join(t.TempDir(), "hold")
+	d := startDaemon(t, daemonConfig{Keeper: true, Env: []string{"MRFS_TEST_LOOKUP_HOLD=" + trigger}})
+	if err := os.WriteFile(d.path("f"), []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pid := readStats(t, d.mnt).PID
+	if err := os.WriteFile(trigger, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	looked := make(chan error, 1)
+	go func() { _, err := os.Stat(d.path("hold")); looked <- err }()
+	// The daemon drops f's name a second after it made it, and waits.
+	dropping := func() bool {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/wchan", pid))
+		for _, w := range tasks {
+			if b, _ := os.ReadFile(w); string(b) == "fuse_reverse_inval_entry" {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second * slowFactor()); !dropping(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon never waited to drop a name behind the held lookup")
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(trigger) // the next daemon answers the lookup at once
+	hung := time.AfterFunc(30*time.Second*slowFactor(), d.abort)
+	defer hung.Stop()
+	if err := <-looked; !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.EIO) {
+		t.Errorf("the lookup held through the crash: %v, want ENOENT (or the one EIO of a crash)", err)
+	}
+	if s := readStats(t, d.mnt); s.PID == pid || s.Restarts != 1 {
+		t.Errorf("after the crash: pid %d (was %d), %d restarts, want another daemon and 1", s.PID, pid, s.Restarts)
+	}
+	if b, err := os.ReadFile(d.path("f")); err != nil || string(b) != "kept" {
+		t.Errorf("a file after the crash: %q %v", b, err)
+	}
+}
