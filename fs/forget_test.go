@@ -10,22 +10,29 @@ import (
 	"mrfs/verbs/soft"
 )
 
+// newTestTree is a tree on the soft backend, closed at the test's end.
+func newTestTree(t *testing.T) *tree.Tree {
+	t.Helper()
+	dev, err := soft.New(soft.Options{}).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	mgr := buffer.NewManager(dev, buffer.Options{Allowed: verbs.LocalWrite}, nil)
+	t.Cleanup(func() { mgr.Close() })
+	tr, err := tree.New(mgr, tree.Options{DefaultSize: 4096, DefaultAccess: verbs.LocalWrite}, verbs.LocalWrite, tree.Owner{}, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
 // TestForgetterPause: pause waits for a drop under way (the kernel's
 // answer to it may wait for a request the daemon is still to answer: an
 // upgrade pauses before it holds the requests), and no name is dropped
 // until resume.
 func TestForgetterPause(t *testing.T) {
-	dev, err := soft.New(soft.Options{}).Open("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	mgr := buffer.NewManager(dev, buffer.Options{Allowed: verbs.LocalWrite}, nil)
-	defer mgr.Close()
-	tr, err := tree.New(mgr, tree.Options{DefaultSize: 4096, DefaultAccess: verbs.LocalWrite}, verbs.LocalWrite, tree.Owner{}, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := newTestTree(t)
 	var files []*tree.File
 	for _, name := range []string{"a", "b"} {
 		f, err := tr.Root().Create(0, name, tree.Owner{}, 0o600, nil)

@@ -10,11 +10,6 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-
-	"mrfs/buffer"
-	"mrfs/tree"
-	"mrfs/verbs"
-	"mrfs/verbs/soft"
 )
 
 // forgets is a bridge that only counts the FORGETs it is given.
@@ -203,17 +198,7 @@ func TestKernelBackingFollowsGoFuse(t *testing.T) {
 // from go-fuse, and says so to the daemon after it (Partial), as after a
 // crash.
 func TestKernelLinksAfterUpgrade(t *testing.T) {
-	dev, err := soft.New(soft.Options{}).Open("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	mgr := buffer.NewManager(dev, buffer.Options{Allowed: verbs.LocalWrite}, nil)
-	defer mgr.Close()
-	tr, err := tree.New(mgr, tree.Options{DefaultSize: 4096, DefaultAccess: verbs.LocalWrite}, verbs.LocalWrite, tree.Owner{}, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := newTestTree(t)
 	const link = 9
 	old := newKernel(fuse.NewDefaultRawFileSystem())
 	old.entered(fuse.OK, &fuse.EntryOut{NodeId: link, Attr: fuse.Attr{Mode: syscall.S_IFLNK | 0o777}})
