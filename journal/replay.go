@@ -172,7 +172,7 @@ func (m *model) made(ns tree.NodeState) {
 // node a later record removes (records written again after a state that
 // no longer has it): it is skipped.
 func (m *model) apply(r record) {
-	if r.Unique != 0 {
+	if r.Unique != 0 { // a made, named or removed; or an earlier program's "done"
 		m.done[r.Unique] = true
 	}
 	n := m.nodes[r.Ino]
@@ -201,7 +201,6 @@ func (m *model) apply(r record) {
 		}
 	case "numbered":
 		m.lastIno = max(m.lastIno, r.Ino)
-	case "done": // an earlier program's record of its own: its unique counted
 	case "backing":
 		if r.ID != 0 {
 			m.backing[r.Ino] = r.ID

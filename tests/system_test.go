@@ -89,18 +89,28 @@ func (m *bgMount) waitLog(re *regexp.Regexp) string {
 	}
 }
 
+// procStat is the fields of /proc/PID/stat after the command's name
+// (the state first), nil for a process that is gone.
+func procStat(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+}
+
 // procState is the state letter of /proc/PID/stat ("Z" for a zombie),
 // "" for a process that is gone.
 func procState(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	f := procStat(pid)
+	if f == nil {
 		return ""
 	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+3 < len(s) {
-		return s[i+2 : i+3]
+	if len(f) < 1 {
+		return "?"
 	}
-	return "?"
+	return f[0]
 }
 
 func running(pid int) bool { st := procState(pid); return st != "" && st != "Z" }
@@ -175,16 +185,7 @@ func TestDaemonFlag(t *testing.T) {
 	}
 	// And the daemon let go of the caller's stderr (a pipe whose reader
 	// would wait for its end, like a shell's $(...)).
-	released := make(chan []byte, 1)
-	go func() { b, _ := io.ReadAll(stderr); released <- b }()
-	select {
-	case b := <-released:
-		if len(b) > 0 {
-			t.Errorf("mrfs mount --daemon wrote %q", b)
-		}
-	case <-time.After(stopTimeout):
-		t.Errorf("the daemon still holds the caller's stderr")
-	}
+	letGo(t, stderr, "mrfs mount --daemon")
 	pid := m.pid()
 	if sid, err := unix.Getsid(pid); err != nil || sid != pid {
 		t.Errorf("daemon %d is in session %d (%v), want its own", pid, sid, err)
@@ -254,15 +255,8 @@ func TestDaemonFlagKeeper(t *testing.T) {
 	if _, err := getxattr(m.mnt, xStats); err != nil {
 		t.Fatalf("mrfs mount --daemon --keeper exited 0 before the mount answered: %v", err)
 	}
-	released := make(chan []byte, 1)
-	go func() { b, _ := io.ReadAll(stderr); released <- b }()
-	select {
-	case b := <-released:
-		if len(b) > 0 {
-			t.Errorf("mrfs mount --daemon --keeper wrote %q", b)
-		}
-	case <-time.After(stopTimeout):
-		t.Fatalf("the keeper or its daemon still holds the caller's stderr")
+	if !letGo(t, stderr, "mrfs mount --daemon --keeper") {
+		t.FailNow()
 	}
 	pid := readStats(t, m.mnt).PID
 	keeper := procParent(pid)
@@ -309,15 +303,32 @@ func TestDaemonFlagKeeper(t *testing.T) {
 	}
 }
 
+// letGo says whether what cmd (a command that went to the background)
+// left running let go of the caller's stderr within stopTimeout, having
+// written nothing to it; it fails the test otherwise.
+func letGo(t *testing.T, stderr io.Reader, cmd string) bool {
+	t.Helper()
+	released := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(stderr); released <- b }()
+	select {
+	case b := <-released:
+		if len(b) > 0 {
+			t.Errorf("%s wrote %q", cmd, b)
+		}
+		return true
+	case <-time.After(stopTimeout):
+		t.Errorf("what %s left running still holds the caller's stderr", cmd)
+		return false
+	}
+}
+
 // procParent is the parent of process pid (0 when it is gone).
 func procParent(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	f := procStat(pid)
+	if len(f) < 2 {
 		return 0
 	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	ppid, _ := strconv.Atoi(fields[1])
+	ppid, _ := strconv.Atoi(f[1])
 	return ppid
 }
 
