@@ -3,17 +3,15 @@
 package guest
 
 import (
-	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
+	"strconv"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"mrfs/remote/rdmacm"
 )
 
 // TestTwoDevicesBenchmark is issue 22's two benchmarks on rxe0 and rxe1
@@ -68,11 +66,12 @@ func TestTwoDevicesBenchmark(t *testing.T) {
 
 	// Two buffers of 1 MiB, each written by a peer of its own.
 	const msg, ops = 1 << 20, 100
-	tok := two.token(t, "/")
+	// Each peer is a process of its own (startServingPeer), so that
+	// this one never holds a context of rxe1 (deleteRxe1).
 	type target struct {
-		peer, file string
-		addr       uint64
-		rkey       uint32
+		peer *servingPeer
+		addr uint64
+		rkey uint32
 	}
 	var targets []target
 	for _, c := range []struct{ ip, dev string }{{addr0, device}, {addr1, device2}} {
@@ -81,34 +80,21 @@ func TestTwoDevicesBenchmark(t *testing.T) {
 		if err := unix.Setxattr(f, "user.mrfs.access", []byte("local_write,remote_write"), 0); err != nil {
 			t.Fatal(err)
 		}
-		port := two.peer[len(addr0)+1:]
-		targets = append(targets, target{c.ip + ":" + port, f, mustHex(t, getxattr(t, f, "user.mrfs.addr")), uint32(deviceKeys(t, f)[c.dev][1])})
+		via := *two
+		via.peer = c.ip + two.peer[len(addr0):]
+		targets = append(targets, target{startServingPeer(t, &via, "/", "MRFS_PEER_BUFSIZE="+strconv.Itoa(msg)),
+			mustHex(t, getxattr(t, f, "user.mrfs.addr")), uint32(deviceKeys(t, f)[c.dev][1])})
 	}
 	run := func(ts []target) float64 {
-		payload := bytes.Repeat([]byte{0x5a}, msg)
-		var conns []*rdmacm.Conn
-		for _, tg := range ts {
-			c, err := rdmacm.Dial(tg.peer, "/", rdmacm.DialOptions{BufSize: msg, Token: tok})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			conns = append(conns, c)
-		}
-		var wg sync.WaitGroup
 		start := time.Now()
-		for i, tg := range ts {
-			c := conns[i]
-			wg.Go(func() {
-				for range ops {
-					if err := c.Write(tg.addr, tg.rkey, payload); err != nil {
-						t.Errorf("WRITE through %s: %v", tg.peer, err)
-						return
-					}
-				}
-			})
+		for _, tg := range ts {
+			fmt.Fprintf(tg.peer.in, "fill %#x %#x %d %d\n", tg.addr, tg.rkey, msg, ops)
 		}
-		wg.Wait()
+		for _, tg := range ts {
+			if got := tg.peer.line(t); got != "ok" {
+				t.Fatalf("%d WRITEs of 1 MiB by a peer: %s", ops, got)
+			}
+		}
 		return float64(len(ts)*ops*msg) / time.Since(start).Seconds() / (1 << 20)
 	}
 	var r1, r2 []float64

@@ -5,10 +5,12 @@ package guest
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,12 +29,16 @@ const listenAddr = "10.0.2.15:0"
 
 // The peers that hold a connection are this test binary run again as
 // another process (TestMain): MRFS_PEER_OP=hold or serve, MRFS_PEER_ADDR
-// and MRFS_PEER_DIR where. The one-shot peers are the rdma build's own
+// and MRFS_PEER_DIR where (MRFS_PEER_BUFSIZE: the connection's buffer,
+// if not the default). This process itself never connects through
+// rxe1: see deleteRxe1. The one-shot peers are the rdma build's own
 // `mrfs remote` (cliPeer).
 func TestMain(m *testing.M) {
 	if op := os.Getenv("MRFS_PEER_OP"); op != "" {
 		os.Exit(peerMain(op))
 	}
+	flag.Parse()
+	watchTimeout()
 	os.Exit(m.Run())
 }
 
@@ -51,7 +57,8 @@ func peerMain(op string) int {
 		fmt.Printf("peer: %v\n", err)
 		return 1
 	}
-	c, err := rdmacm.Dial(env("ADDR"), env("DIR"), rdmacm.DialOptions{Timeout: 20 * time.Second, Token: tok})
+	bufSize, _ := strconv.Atoi(env("BUFSIZE"))
+	c, err := rdmacm.Dial(env("ADDR"), env("DIR"), rdmacm.DialOptions{Timeout: 20 * time.Second, Token: tok, BufSize: bufSize})
 	if err != nil {
 		fmt.Printf("peer: dial: %v\n", err)
 		return 1

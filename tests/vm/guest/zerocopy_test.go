@@ -34,6 +34,7 @@ const allAccess = "local_write,remote_write,remote_read,remote_atomic"
 
 // serve runs the operations named on in, one per line, on c and answers
 // each on out: "read ADDR RKEY LEN" (ok HEX), "write ADDR RKEY HEX" (ok),
+// "fill ADDR RKEY LEN COUNT" (ok: COUNT WRITEs of LEN bytes of 0x5a),
 // "fadd ADDR RKEY ADD" and "cas ADDR RKEY COMPARE SWAP" (ok OLD), with
 // numbers in Go's syntax; a failed operation answers "err STATUS".
 func serve(c remote.Conn, in io.Reader, out io.Writer) int {
@@ -60,6 +61,11 @@ func serve(c remote.Conn, in io.Reader, out io.Writer) int {
 		case "write":
 			var b []byte
 			if b, err = hex.DecodeString(f[3]); err == nil {
+				err = c.Write(addr, rkey, b)
+			}
+		case "fill":
+			b := bytes.Repeat([]byte{0x5a}, int(n[3]))
+			for i := 0; len(f) == 5 && uint64(i) < n[4] && err == nil; i++ {
 				err = c.Write(addr, rkey, b)
 			}
 		case "fadd":
@@ -91,10 +97,13 @@ type servingPeer struct {
 	out *bufio.Reader
 }
 
-func startServingPeer(t *testing.T, d *remoteDaemon, dir string) *servingPeer {
+// startServingPeer starts one through d.peer, with env added to its
+// environment (MRFS_PEER_BUFSIZE: its connection's buffer).
+func startServingPeer(t *testing.T, d *remoteDaemon, dir string, env ...string) *servingPeer {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "MRFS_PEER_OP=serve", "MRFS_PEER_ADDR="+d.peer, "MRFS_PEER_DIR="+dir, "MRFS_PEER_TOKEN="+d.tokenHex(t, dir))
+	cmd.Env = append(cmd.Env, env...)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
