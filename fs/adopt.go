@@ -135,7 +135,7 @@ func Adopt(dir string, opt Options, mo MountOptions, h Handover) (*Server, error
 		s.closeConn()
 		return fail(err)
 	}
-	k.unregister = s.srv.UnregisterBackingFd
+	k.unregister, k.notifyEntry = s.srv.UnregisterBackingFd, s.srv.EntryNotify
 	k.onBacking, k.onDone, k.done = opt.OnBacking, opt.OnDone, h.Done
 	restore := func() error { return k.restore(raw, opt.Tree, h.Kernel) }
 	if h.Crashed {

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"syscall"
@@ -10,6 +11,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"mrfs/tree"
+	"mrfs/verbs"
 )
 
 // kernel stands between the kernel and go-fuse's bridge (a
@@ -62,6 +64,9 @@ type kernel struct {
 	// serving, read only): their resends are answered, not applied.
 	onDone func(unique uint64)
 	done   map[uint64]bool
+	// notifyEntry tells the kernel a name in a directory changed (the
+	// server's; set before serving, after a crash).
+	notifyEntry func(parent uint64, name string) fuse.Status
 
 	mu sync.Mutex // guards: nodes, links, handles, restored, backing
 	// nodes are the kernel's lookup counts, by node id.
@@ -532,12 +537,51 @@ func (k *kernel) ListXAttr(cancel <-chan struct{}, header *fuse.InHeader, dest [
 	return k.RawFileSystem.ListXAttr(cancel, header, dest)
 }
 
+// SetXAttr: a registration in place (user.mrfs.register) makes a name,
+// journaled with its request as a symlink's is; a resent access list
+// is not set again (resentAsIs).
 func (k *kernel) SetXAttr(cancel <-chan struct{}, input *fuse.SetXAttrIn, attr string, data []byte) fuse.Status {
 	defer k.gate.enter()()
+	defer makes(cancel, &input.InHeader)()
 	if st := k.known(input.NodeId); !st.Ok() {
 		return st
 	}
-	return k.RawFileSystem.SetXAttr(cancel, input, attr, data)
+	if k.applied(&input.InHeader) {
+		// The kernel may hold the name as absent: tell it, as the
+		// registration does, once this request is answered.
+		var r registerRequest
+		if attr == xattrRegister && json.Unmarshal(data, &r) == nil && k.notifyEntry != nil {
+			go k.notifyEntry(input.NodeId, r.Name)
+		}
+		return fuse.OK
+	}
+	if k.resentAsIs(cancel, &input.InHeader, attr, data) {
+		return fuse.OK
+	}
+	return k.finished(k.RawFileSystem.SetXAttr(cancel, input, attr, data), &input.InHeader)
+}
+
+// resentAsIs says whether h, sent again after a crash, sets an access
+// list (a file's, a directory's default) to what it is already. Its
+// journal record carries no request, unlike a change of names, so the
+// dead daemon may have applied it; applied again it would register the
+// file once more (new keys, generation one more) for nothing: the new
+// keys a set of the access brings, the restore brought already.
+func (k *kernel) resentAsIs(cancel <-chan struct{}, h *fuse.InHeader, attr string, data []byte) bool {
+	if !k.crashed || h.Unique&resendBit == 0 || (attr != xattrAccess && attr != xattrDefaultAccess) {
+		return false
+	}
+	want, err := verbs.ParseAccess(string(data))
+	if err != nil {
+		return false
+	}
+	buf := make([]byte, 256)
+	n, st := k.RawFileSystem.GetXAttr(cancel, h, attr, buf)
+	if !st.Ok() {
+		return false
+	}
+	have, err := verbs.ParseAccess(string(buf[:n]))
+	return err == nil && have == want
 }
 
 func (k *kernel) RemoveXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string) fuse.Status {

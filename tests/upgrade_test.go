@@ -562,8 +562,7 @@ func TestUpgradeFallsBack(t *testing.T) {
 // sees each succeed (not EEXIST or ENOENT), once.
 func TestCrashResentNotAppliedTwice(t *testing.T) {
 	t.Parallel()
-	trigger := filepath.Join(t.TempDir(), "die")
-	d := startDaemon(t, daemonConfig{Keeper: true, Env: []string{"MRFS_TEST_DIE_AT_DONE=" + trigger}})
+	d, trigger := startDying(t)
 	if err := os.WriteFile(d.path("old"), []byte("old"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -571,10 +570,7 @@ func TestCrashResentNotAppliedTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	var f *os.File
-	steps := []struct {
-		what string
-		do   func() error
-	}{
+	throughCrashes(t, d, trigger, []crashStep{
 		{"create O_EXCL", func() (err error) {
 			f, err = os.OpenFile(d.path("new"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o640)
 			return err
@@ -582,7 +578,73 @@ func TestCrashResentNotAppliedTwice(t *testing.T) {
 		{"mkdir", func() error { return os.Mkdir(d.path("dir"), 0o750) }},
 		{"unlink", func() error { return os.Remove(d.path("old")) }},
 		{"rename", func() error { return os.Rename(d.path("from"), d.path("to")) }},
+	})
+	if f != nil {
+		if _, err := f.WriteAt([]byte("new"), 0); err != nil {
+			t.Errorf("write through the create's descriptor: %v", err)
+		}
+		f.Close()
 	}
+	if got, want := namesIn(t, d.mnt), []string{"dir", "new", "to"}; !slices.Equal(got, want) {
+		t.Errorf("after the crashes the mount holds %v, want %v", got, want)
+	}
+	if b, err := os.ReadFile(d.path("new")); err != nil || string(b) != "new" {
+		t.Errorf("the created file: %q %v", b, err)
+	}
+}
+
+// TestCrashResentXattrNotAppliedTwice: as TestCrashResentNotAppliedTwice
+// for the settable attributes: a set of a file's access (journaled with
+// no request: sent again, it would register the file once more,
+// generation one more), and `mrfs register` (a name made, journaled
+// with its request: sent again, it would be EEXIST).
+func TestCrashResentXattrNotAppliedTwice(t *testing.T) {
+	t.Parallel()
+	d, trigger := startDying(t)
+	if err := os.WriteFile(d.path("f"), []byte("f"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, data := shmSource(t, "resent", 4096, 0, 0o600)
+	gen := descOf(t, d.path("f")).Generation
+	throughCrashes(t, d, trigger, []crashStep{
+		{"setxattr access", func() error {
+			return unix.Setxattr(d.path("f"), xAccess, []byte("local_write,remote_read"), 0)
+		}},
+		{"setxattr register", func() error {
+			req := fmt.Sprintf(`{"name": "reg", "source": %q}`, src)
+			return unix.Setxattr(d.mnt, "user.mrfs.register", []byte(req), 0)
+		}},
+	})
+	// Registered by the dead daemon, then anew by each restore.
+	if a, g := mustXattr(t, d.path("f"), xAccess), descOf(t, d.path("f")).Generation; a != "local_write,remote_read" || g != gen+3 {
+		t.Errorf("after the access set through a crash and a crash after: access %q, generation %d, want local_write,remote_read and %d", a, g, gen+3)
+	}
+	if got, want := namesIn(t, d.mnt), []string{"f", "reg"}; !slices.Equal(got, want) {
+		t.Errorf("after the crashes the mount holds %v, want %v", got, want)
+	}
+	if b, err := os.ReadFile(d.path("reg")); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("the file registered in place: %d bytes, %v", len(b), err)
+	}
+}
+
+// startDying mounts under a keeper with the test hook that kills the
+// daemon after a change, before its reply, once trigger exists.
+func startDying(t *testing.T) (d *daemon, trigger string) {
+	trigger = filepath.Join(t.TempDir(), "die")
+	return startDaemon(t, daemonConfig{Keeper: true, Env: []string{"MRFS_TEST_DIE_AT_DONE=" + trigger}}), trigger
+}
+
+// crashStep is a request the daemon dies after applying.
+type crashStep struct {
+	what string
+	do   func() error
+}
+
+// throughCrashes does each step with the hook armed: each must succeed,
+// the daemon must have died after it, and another taken over. (At most
+// four: the keeper gives up on a fifth death within 10 s of a start.)
+func throughCrashes(t *testing.T, d *daemon, trigger string, steps []crashStep) {
+	t.Helper()
 	for i, s := range steps {
 		if err := os.WriteFile(trigger, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -597,13 +659,12 @@ func TestCrashResentNotAppliedTwice(t *testing.T) {
 			t.Errorf("after the %s: %d restarts, want %d", s.what, st.Restarts, i+1)
 		}
 	}
-	if f != nil {
-		if _, err := f.WriteAt([]byte("new"), 0); err != nil {
-			t.Errorf("write through the create's descriptor: %v", err)
-		}
-		f.Close()
-	}
-	names, err := os.ReadDir(d.mnt)
+}
+
+// namesIn is what dir lists, sorted.
+func namesIn(t *testing.T, dir string) []string {
+	t.Helper()
+	names, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -611,12 +672,7 @@ func TestCrashResentNotAppliedTwice(t *testing.T) {
 	for _, n := range names {
 		got = append(got, n.Name())
 	}
-	if want := []string{"dir", "new", "to"}; !slices.Equal(got, want) {
-		t.Errorf("after the crashes the mount holds %v, want %v", got, want)
-	}
-	if b, err := os.ReadFile(d.path("new")); err != nil || string(b) != "new" {
-		t.Errorf("the created file: %q %v", b, err)
-	}
+	return got
 }
 
 // TestRestartKeepsInPlace: files registered in place (ln -s of a
