@@ -137,6 +137,12 @@ func Adopt(dir string, opt Options, mo MountOptions, h Handover) (*Server, error
 	}
 	k.unregister, k.notifyEntry = s.srv.UnregisterBackingFd, s.srv.EntryNotify
 	k.onBacking, k.onDone, k.done = opt.OnBacking, opt.OnDone, h.Done
+	if len(h.Kernel.Done) > 0 { // an upgrade's
+		k.done = make(map[uint64]bool, len(h.Kernel.Done))
+		for _, u := range h.Kernel.Done {
+			k.done[u] = true
+		}
+	}
 	restore := func() error { return k.restore(raw, opt.Tree, h.Kernel) }
 	if h.Crashed {
 		restore = func() error { return k.restoreCrashed(raw, opt.Tree, s.conn, h.Backing) }

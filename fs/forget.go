@@ -66,6 +66,25 @@ func (q *forgetter) add(f *tree.File) {
 	}
 }
 
+// now queues f's name to be dropped at once, before the others: a name
+// made otherwise than by a reply that gives the kernel its entry (mrfs
+// register, a setxattr), which the kernel may hold as absent. It waits
+// for the request's reply, which holds the directory's lock, as the
+// others wait for requests under way: so an upgrade's pause waits for
+// it, and no drop is left waiting behind a reply that the exec cuts off.
+func (q *forgetter) now(f *tree.File) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.stopped {
+		return
+	}
+	q.queue = append([]forgetEntry{{f, time.Since(q.start)}}, q.queue...)
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
 // stop ends the goroutine; the names still queued stay with the kernel
 // (the mount is going).
 func (q *forgetter) stop() {

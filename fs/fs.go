@@ -49,8 +49,9 @@ type Options struct {
 	OnBacking func(node uint64, id int32)
 	// OnDone is told, before its reply, each request that changed the
 	// namespace (its FUSE unique), once applied: a test hook's (the tree
-	// journals the request with the change). nil: none.
-	OnDone func(unique uint64)
+	// journals the request with the change), which may hold the reply
+	// back for good (true). nil: none.
+	OnDone func(unique uint64) (hold bool)
 	// OnLookup is told each name looked up before it is answered (a test
 	// hook's). nil: none.
 	OnLookup func(name string)

@@ -101,14 +101,15 @@ func (n *dirNode) setRegister(ctx context.Context, data []byte) syscall.Errno {
 	if err == nil {
 		access, err = r.access()
 	}
+	var f *tree.File
 	if err == nil {
-		_, err = n.register(ctx, r.Name, r.Source, access)
+		f, err = n.register(ctx, r.Name, r.Source, access)
 	}
 	if err == nil {
 		// The kernel may hold the name as absent (a lookup cached): tell
 		// it, once this request (which holds the directory's lock) is
 		// answered.
-		go n.NotifyEntry(r.Name)
+		n.fsys.forget.now(f)
 	}
 	return toErrno(n.fsys.log, "register "+r.Source+" in place as "+r.Name, err)
 }

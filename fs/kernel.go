@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -60,15 +61,17 @@ type kernel struct {
 	partial bool
 	// onDone is told of a request that changed the namespace, before its
 	// reply (a test hook's; the tree journals the request with the
-	// change); done are those the dead daemon journaled (set before
-	// serving, read only): their resends are answered, not applied.
-	onDone func(unique uint64)
+	// change); true holds the reply back for good. done are those the
+	// daemon before applied (the journal's after a crash, its recent
+	// ones after an upgrade; set before serving, read only): their
+	// resends are answered, not applied.
+	onDone func(unique uint64) (hold bool)
 	done   map[uint64]bool
 	// notifyEntry tells the kernel a name in a directory changed (the
 	// server's; set before serving, after a crash).
 	notifyEntry func(parent uint64, name string) fuse.Status
 
-	mu sync.Mutex // guards: nodes, links, handles, restored, backing
+	mu sync.Mutex // guards: nodes, links, handles, restored, backing, recent, next
 	// nodes are the kernel's lookup counts, by node id.
 	nodes map[uint64]uint64
 	// links are the node ids of those a SYMLINK's reply gave (a
@@ -82,6 +85,10 @@ type kernel struct {
 	// backing is, by node id, the backing id the kernel's passthrough
 	// opens of it were given, while any uses it.
 	backing map[uint64]*backingRef
+	// recent are the last requests that changed names (a ring; next is
+	// overwritten next once full).
+	recent []uint64
+	next   int
 }
 
 type backingRef struct {
@@ -121,6 +128,9 @@ type KernelState struct {
 	// crash's, a link an earlier upgrade left): the next daemon answers
 	// them ESTALE too.
 	Partial bool `json:"partial,omitempty"`
+	// Done are the last requests that changed names: one whose reply
+	// the exec cut off comes again, to be answered, not applied.
+	Done []uint64 `json:"done,omitempty"`
 }
 
 func newKernel(bridge fuse.RawFileSystem) *kernel {
@@ -147,6 +157,7 @@ func (k *kernel) frozen(f func(KernelState) error) error {
 	for id := range k.links {
 		st.Links = append(st.Links, id)
 	}
+	st.Done = slices.Clone(k.recent)
 	return f(st)
 }
 
@@ -259,12 +270,20 @@ func (k *kernel) fhOpen(fh, node uint64, flags uint32, dir bool) (uint64, fuse.S
 // resendBit marks a request the kernel queues again (FUSE_NOTIFY_RESEND).
 const resendBit = 1 << 63
 
-// applied says whether h is a request the dead daemon applied and the
+// applied says whether h is a request the daemon before applied and the
 // kernel sends again: it is answered from the namespace, never applied
-// twice (a create again would be EEXIST, an unlink ENOENT).
+// twice (a create again would be EEXIST, an unlink ENOENT). After a crash
+// the journal says which; after an upgrade the program before (its
+// recent requests): one whose reply it had not written when it executed
+// this one comes again.
 func (k *kernel) applied(h *fuse.InHeader) bool {
-	return k.crashed && h.Unique&resendBit != 0 && k.done[h.Unique&^resendBit]
+	return h.Unique&resendBit != 0 && k.done[h.Unique&^resendBit]
 }
+
+// keepRecent is how many of the last requests that changed names the
+// kernel layer hands an upgrade's successor: far more than go-fuse
+// handles at once (whose replies an upgrade may cut off).
+const keepRecent = 1024
 
 // making is a request that may change names, by go-fuse's cancel channel
 // of it: the one thing of the kernel's request a node's method is given
@@ -293,11 +312,26 @@ func reqOf(ctx context.Context) tree.Req {
 	return 0
 }
 
-// finished tells onDone (a test hook) that h changed the namespace (st
-// OK), before its reply goes.
+// finished notes that h changed the namespace (st OK), before its reply
+// goes: among the recent requests an upgrade hands over, and to onDone
+// (a test hook), which may hold the reply back for good (the request
+// leaves the gate, so that an upgrade can go on without its reply).
 func (k *kernel) finished(st fuse.Status, h *fuse.InHeader) fuse.Status {
-	if st.Ok() && k.onDone != nil {
-		k.onDone(h.Unique &^ resendBit)
+	if !st.Ok() {
+		return st
+	}
+	u := h.Unique &^ resendBit
+	k.mu.Lock()
+	if len(k.recent) < keepRecent {
+		k.recent = append(k.recent, u)
+	} else {
+		k.recent[k.next] = u
+		k.next = (k.next + 1) % keepRecent
+	}
+	k.mu.Unlock()
+	if k.onDone != nil && k.onDone(u) {
+		k.gate.exit()
+		select {}
 	}
 	return st
 }
@@ -561,14 +595,14 @@ func (k *kernel) SetXAttr(cancel <-chan struct{}, input *fuse.SetXAttrIn, attr s
 	return k.finished(k.RawFileSystem.SetXAttr(cancel, input, attr, data), &input.InHeader)
 }
 
-// resentAsIs says whether h, sent again after a crash, sets an access
+// resentAsIs says whether h, sent again after a restart, sets an access
 // list (a file's, a directory's default) to what it is already. Its
 // journal record carries no request, unlike a change of names, so the
 // dead daemon may have applied it; applied again it would register the
 // file once more (new keys, generation one more) for nothing: the new
 // keys a set of the access brings, the restore brought already.
 func (k *kernel) resentAsIs(cancel <-chan struct{}, h *fuse.InHeader, attr string, data []byte) bool {
-	if !k.crashed || h.Unique&resendBit == 0 || (attr != xattrAccess && attr != xattrDefaultAccess) {
+	if h.Unique&resendBit == 0 || (attr != xattrAccess && attr != xattrDefaultAccess) {
 		return false
 	}
 	want, err := verbs.ParseAccess(string(data))

@@ -158,6 +158,22 @@ func testDieAtDone(log *slog.Logger) string {
 	return v
 }
 
+// holdReplyEnv is a test hook: a file whose existence makes the daemon
+// hold back for good (removing the file first) the reply of the next
+// request that changes the namespace, once applied, as if the thread
+// writing it were slow: an upgrade then executes its successor before
+// the reply is written, and the kernel sends the request again.
+const holdReplyEnv = "MRFS_TEST_HOLD_REPLY"
+
+func testHoldReply(log *slog.Logger) func(unique uint64) bool {
+	file := os.Getenv(holdReplyEnv)
+	if file == "" {
+		return nil
+	}
+	log.Warn("test hook: the reply of the next change is held back once this file exists", "hook", holdReplyEnv, "file", file)
+	return func(unique uint64) bool { return os.Remove(file) == nil }
+}
+
 // lookupHoldEnv is a test hook: while the file it names exists, a lookup
 // of the name "hold" waits (a minute at most) before it is answered,
 // holding its directory's lock in the kernel, as a slow one would.

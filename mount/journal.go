@@ -80,10 +80,11 @@ func (jl *journaling) start(t *tree.Tree, log *slog.Logger) error {
 // dieAfter is the test hook dieAtDoneEnv: when its file exists, the
 // daemon removes it and dies at once, after a request changed the
 // namespace (journaled with the change) and before its reply.
-func (jl *journaling) dieAfter(uint64) {
+func (jl *journaling) dieAfter(uint64) (hold bool) {
 	if os.Remove(jl.dieAt) == nil {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
+	return false
 }
 
 // close stops the compaction and closes the daemon's descriptor (the

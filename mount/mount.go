@@ -210,6 +210,7 @@ func start(opt Options) (_ *parts, err error) {
 		Upgrade:  func(binary string) error { return p.startUpgrade(binary, log) },
 		Life:     p.life.get,
 		OnLookup: testLookupHold(log),
+		OnDone:   testHoldReply(log),
 	}
 	if p.journal != nil {
 		fopt.OnBacking = p.journal.j.Backing

@@ -643,3 +643,35 @@ func TestRegisterInStickyDir(t *testing.T) {
 		t.Errorf("mrfs register of root's 0600 source by uid 65534: %v %q, want permission denied", err, out)
 	}
 }
+
+// TestRegisterAfterAbsentLookup: a name looked up and found absent,
+// which the kernel then trusts for a minute, is there at once after mrfs
+// register makes it (a setxattr, whose reply gives the kernel no entry:
+// the daemon tells the kernel to drop what it held of the name).
+func TestRegisterAfterAbsentLookup(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonConfig{})
+	src, data := shmSource(t, "after-absent", 4096, 0, 0o600)
+	if _, err := os.Stat(d.path("r")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a name not made yet: %v", err)
+	}
+	req := fmt.Sprintf(`{"name": "r", "source": %q}`, src)
+	if err := unix.Setxattr(d.mnt, "user.mrfs.register", []byte(req), 0); err != nil {
+		t.Fatal(err)
+	}
+	// The drop goes once the setxattr's reply has gone: a moment later.
+	var err error
+	for deadline := time.Now().Add(5 * time.Second * slowFactor()); ; time.Sleep(10 * time.Millisecond) {
+		var b []byte
+		if b, err = os.ReadFile(d.path("r")); err == nil {
+			if !bytes.Equal(b, data) {
+				t.Errorf("the registered file reads %d bytes, not its source's", len(b))
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Errorf("the name mrfs register made, 5 s later: %v (the kernel still holds it as absent)", err)
+}

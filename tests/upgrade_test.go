@@ -627,6 +627,76 @@ func TestCrashResentXattrNotAppliedTwice(t *testing.T) {
 	}
 }
 
+// TestUpgradeResentNotAppliedTwice: an upgrade that executes its
+// successor after the daemon applied a create (O_EXCL), a mkdir and a
+// rename but before their replies went (a test hook holds each reply
+// back for good, as a slow writer thread would): the kernel sends each
+// again to the successor, which answers it from the namespace (the
+// requests the program before handed over); the client sees each
+// succeed, once. They are made in a directory of the root: a request
+// held in the root would hold the root's lock, which mrfs upgrade's own
+// setxattr of the root waits for. Not here: an unlink (its reply held
+// keeps the removed file's node in the kernel: the upgrade is refused,
+// EBUSY), and mrfs register (the drop of its name waits for its reply,
+// and the upgrade for that drop: held for good, it would never end;
+// TestCrashResentXattrNotAppliedTwice sends it again after a crash).
+func TestUpgradeResentNotAppliedTwice(t *testing.T) {
+	t.Parallel()
+	hold := filepath.Join(t.TempDir(), "hold")
+	d := startDaemon(t, daemonConfig{Env: []string{"MRFS_TEST_HOLD_REPLY=" + hold}})
+	sub := d.path("sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "from"), []byte("from"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var f *os.File
+	steps := []crashStep{
+		{"create O_EXCL", func() (err error) {
+			f, err = os.OpenFile(filepath.Join(sub, "new"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o640)
+			return err
+		}},
+		{"mkdir", func() error { return os.Mkdir(filepath.Join(sub, "dir"), 0o750) }},
+		{"rename", func() error { return os.Rename(filepath.Join(sub, "from"), filepath.Join(sub, "to")) }},
+	}
+	for _, s := range steps {
+		if err := os.WriteFile(hold, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.do() }()
+		for deadline := time.Now().Add(10 * time.Second * slowFactor()); ; time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(hold); err != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the daemon never held its reply", s.what)
+			}
+		}
+		if out, err := upgrade(t, d); err != nil {
+			t.Fatalf("mrfs upgrade with the reply of a %s held: %v: %s", s.what, err, out)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s through an upgrade after it was applied: %v", s.what, err)
+			}
+		case <-time.After(30 * time.Second * slowFactor()):
+			t.Fatalf("%s: no answer 30 s after the upgrade", s.what)
+		}
+	}
+	if f != nil {
+		f.Close()
+	}
+	if got, want := namesIn(t, sub), []string{"dir", "new", "to"}; !slices.Equal(got, want) {
+		t.Errorf("after the upgrades the directory holds %v, want %v", got, want)
+	}
+	if st := readStats(t, d.mnt); st.Restarts != len(steps) {
+		t.Errorf("%d restarts, want %d", st.Restarts, len(steps))
+	}
+}
+
 // startDying mounts under a keeper with the test hook that kills the
 // daemon after a change, before its reply, once trigger exists.
 func startDying(t *testing.T) (d *daemon, trigger string) {
@@ -634,7 +704,8 @@ func startDying(t *testing.T) (d *daemon, trigger string) {
 	return startDaemon(t, daemonConfig{Keeper: true, Env: []string{"MRFS_TEST_DIE_AT_DONE=" + trigger}}), trigger
 }
 
-// crashStep is a request the daemon dies after applying.
+// crashStep is a request the daemon dies (or holds its reply) after
+// applying.
 type crashStep struct {
 	what string
 	do   func() error
