@@ -19,13 +19,22 @@ import (
 // file): DESIGN "Accounting".
 
 // mapClosed maps size bytes of path shared and closes the descriptor: the
-// most common way there is to use a mapping. The mapping goes at the
-// test's end, or before with unix.Munmap.
-func mapClosed(t *testing.T, path string, size int) []byte {
+// most common way there is to use a mapping. It returns once d has the
+// close's RELEASE, so that only the mapping holds the file. The mapping
+// goes at the test's end, or before with unix.Munmap.
+func mapClosed(t *testing.T, d *daemon, path string, size int) []byte {
 	t.Helper()
 	fh, m := mapShared(t, path, size)
+	open := readStats(t, d.mnt).OpenFiles
 	if err := fh.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// The kernel sends RELEASE after close returns: until the daemon has
+	// it, the file is held by its open as well as by the mapping.
+	for deadline := time.Now().Add(10 * time.Second * slowFactor()); readStats(t, d.mnt).OpenFiles >= open; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the daemon still counts its descriptor 10 s after the close", path)
+		}
 	}
 	return m
 }
@@ -69,7 +78,7 @@ func TestUnlinkMappedClosed(t *testing.T) {
 	if err := os.WriteFile(f, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	m := mapClosed(t, f, 1<<20)
+	m := mapClosed(t, d, f, 1<<20)
 	if err := os.Remove(f); err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +111,7 @@ func TestPoolSlotMappedNotReused(t *testing.T) {
 		if err := os.WriteFile(a, []byte("old"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		m := mapClosed(t, a, pageSize)
+		m := mapClosed(t, d, a, pageSize)
 		if err := os.Remove(a); err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +157,7 @@ func TestPoolRemovedWhileMapped(t *testing.T) {
 	if err := os.WriteFile(a, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	m := mapClosed(t, a, 1<<20)
+	m := mapClosed(t, d, a, 1<<20)
 	for i := 0; i < len(m); i += pageSize {
 		m[i] = 1
 	}

@@ -200,12 +200,12 @@ func heldThrough(t *testing.T, d *daemon, what string, restart func(), samePID b
 	life := readStats(t, d.mnt)
 
 	// What else the client holds across the upgrade.
-	m := mapClosed(t, a, size)
+	m := mapClosed(t, d, a, size)
 	only := d.path("only-mapped") // no descriptor, no name after the restart
 	if err := os.WriteFile(only, []byte("only"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	mOnly := mapClosed(t, only, os.Getpagesize())
+	mOnly := mapClosed(t, d, only, os.Getpagesize())
 	fa, err := os.Open(a) // its passthrough backing is the kernel's from before
 	if err != nil {
 		t.Fatal(err)
